@@ -1,0 +1,45 @@
+"""Errors are types that carry data. Nothing above cas/ matches on strings."""
+
+from __future__ import annotations
+
+from cas.ids import ChunkId
+
+
+class VaultError(Exception):
+    """Base of every error kvpack raises about stored state."""
+
+
+class ObjectMissing(VaultError, FileNotFoundError):
+    def __init__(self, key: str) -> None:
+        super().__init__(f"object not found: {key}")
+        self.key = key
+
+
+class StoreUnavailable(VaultError):
+    """The object store could not be reached after retries (an outage, not a verdict)."""
+
+    def __init__(self, op: str, key: str, cause: str) -> None:
+        super().__init__(f"object store unavailable during {op} {key}: {cause}")
+        self.op, self.key, self.cause = op, key, cause
+
+
+class ChunkMissing(VaultError):
+    def __init__(self, chunk_id: ChunkId) -> None:
+        super().__init__(f"chunk {chunk_id.short} is missing")
+        self.chunk_id = chunk_id
+
+
+class ChunkCorrupt(VaultError):
+    """A chunk failed its seal or digest check; its bytes are never returned."""
+
+    def __init__(self, chunk_id: ChunkId, reason: str) -> None:
+        super().__init__(f"chunk {chunk_id.short} is corrupt: {reason}")
+        self.chunk_id, self.reason = chunk_id, reason
+
+
+class UnknownKey(VaultError):
+    """A sealed object or MAC names a key id this keyring does not hold."""
+
+    def __init__(self, key_id: str) -> None:
+        super().__init__(f"unknown vault key id {key_id!r}")
+        self.key_id = key_id

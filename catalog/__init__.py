@@ -1,0 +1,1 @@
+"""catalog — facts: identities, manifests, chunk refs, quarantine, economics ledger."""

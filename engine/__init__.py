@@ -1,0 +1,1 @@
+"""engine — compute: MLX models, slots, aligned prefill, decode, plane export, restore."""

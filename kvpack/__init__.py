@@ -1,0 +1,1 @@
+"""kvpack — the product: reuse ladder, hit accounting, economics, service API, CLI, bench."""

@@ -23,6 +23,23 @@ class StoreUnavailable(VaultError):
         self.op, self.key, self.cause = op, key, cause
 
 
+class StoreRejected(StoreUnavailable):
+    """The object store refused a request for good (access denied, no such bucket, bad
+    request): not retried, but still treated as unavailability by callers that degrade open."""
+
+    def __init__(self, op: str, key: str, code: str, cause: str) -> None:
+        super().__init__(op, key, f"{code}: {cause}")
+        self.code = code
+
+
+class ObjectTooLarge(VaultError):
+    """An object is larger than the buffer a caller sized for it (get_into)."""
+
+    def __init__(self, key: str, size: int, capacity: int) -> None:
+        super().__init__(f"object {key} has {size} bytes, more than the {capacity} expected")
+        self.key, self.size, self.capacity = key, size, capacity
+
+
 class ChunkMissing(VaultError):
     def __init__(self, chunk_id: ChunkId) -> None:
         super().__init__(f"chunk {chunk_id.short} is missing")

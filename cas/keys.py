@@ -56,7 +56,9 @@ class Keyring:
         """A new current key; the old ones stay to open what they sealed."""
         n = 1 + max(int(k[1:]) for k in self.keys if k[1:].isdigit())
         new_id = f"k{n}"
-        return Keyring(self.digest_secret, {**self.keys, new_id: secrets.token_bytes(SECRET_SIZE)}, new_id)
+        return Keyring(
+            self.digest_secret, {**self.keys, new_id: secrets.token_bytes(SECRET_SIZE)}, new_id
+        )
 
     def digest_key(self, namespace: str) -> bytes:
         """The BLAKE3 key that names chunks in `namespace`."""

@@ -14,6 +14,7 @@ _LAYOUT: dict[str, str] = {
 
 
 def object_key(kind: Kind, *parts: str, prefix: str = "") -> str:
-    """Key of an object: chunk(hex), manifest(identity hex, manifest id), quarantine(import id, name)."""
+    """Key of an object. Parts: chunk (hex); manifest (identity hex, manifest id);
+    quarantine (import id, name)."""
     key = _LAYOUT[kind].format(*parts)
     return f"{prefix.rstrip('/')}/{key}" if prefix else key

@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("db", "bench_store", "engine", "demo")
+COMMANDS = ("db", "bench_store", "engine", "serve", "bench", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:

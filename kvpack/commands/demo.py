@@ -1,13 +1,41 @@
-"""`kvpack demo`: the main job on the embedded default (lands with the serving issue)."""
+"""`kvpack demo` (`make demo`): the bench on the demo model against the embedded default.
+
+A temporary data dir (SQLite + a local object directory), a fresh server per depth,
+cold / warm / miss legs, and the table. Receipts go to ./receipts.
+"""
 
 from __future__ import annotations
+
+import argparse
+import tempfile
+
+from kvpack.commands import bench
 
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="run the cold/warm/miss bench on the demo model")
+    bench.add_bench_arguments(p, model="smollm2", default_depths="256,512,1024")
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
-    print("kvpack demo: not yet — the serving issue (#4) brings the bench; see README.")
-    return 0
+def run(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="kvpack-demo-") as data_dir:
+        full = argparse.Namespace(
+            **vars(args),
+            **{
+                name: None
+                for name in (
+                    "config",
+                    "store_url",
+                    "database_url",
+                    "namespace",
+                    "alignment",
+                    "s3_endpoint",
+                    "s3_region",
+                    "s3_access_key",
+                    "s3_secret_key",
+                )
+            },  # fmt: skip
+            data_dir=data_dir,
+        )
+        return bench.run(full)

@@ -1,0 +1,164 @@
+"""ChunkStore: sealed, content-addressed chunks on an ObjectStore.
+
+- chunk ref: (chunk id, plaintext size): what a manifest lists and a reader asks for.
+- put: digest, seal, open the sealed bytes again (verify before trusting our
+  own output), then put-if-absent under object_key("chunk", id). "Existed" is
+  success once the stored object has a plausible sealed size; one that does
+  not (a truncated leftover) is replaced.
+- get / get_many: every chunk is tag-verified and re-hashed before its bytes
+  are returned; a chunk that fails raises ChunkCorrupt / ChunkMissing and the
+  whole call returns nothing.
+
+Memory: get_many holds one output buffer (the sum of the ref sizes) plus, per
+call, at most max_concurrency sealed chunks in flight, i.e. about
+max_concurrency × chunk size (8 × 8 MiB = 64 MiB at the defaults). put_many
+holds max_concurrency sealed copies of its inputs the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from cas.errors import ChunkCorrupt, ChunkMissing, ObjectMissing, ObjectTooLarge
+from cas.ids import ChunkId
+from cas.keys import Keyring
+from cas.layout import object_key
+from cas.seal import ChunkSeal, max_sealed_size, sealed_size
+from cas.store import ObjectStore
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRef:
+    id: ChunkId
+    size: int  # plaintext bytes
+
+
+class ChunkStore:
+    def __init__(
+        self,
+        objects: ObjectStore,
+        keyring: Keyring,
+        *,
+        namespace: str = "default",
+        max_concurrency: int = 8,
+        prefix: str = "",
+    ) -> None:
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        if not namespace:
+            raise ValueError("namespace must not be empty")
+        self.objects = objects
+        self.keyring = keyring
+        self.namespace = namespace
+        self.max_concurrency = max_concurrency
+        self.prefix = prefix
+        self._seal = ChunkSeal(keyring)
+        self._digest_key = keyring.digest_key(namespace)
+
+    def __repr__(self) -> str:
+        return f"ChunkStore({self.objects!r}, namespace={self.namespace!r})"
+
+    def chunk_id(self, data: bytes | memoryview) -> ChunkId:
+        return ChunkId.of(data, key=self._digest_key)
+
+    def key(self, chunk_id: ChunkId) -> str:
+        """The object key of a chunk."""
+        return object_key("chunk", chunk_id.hex, prefix=self.prefix)
+
+    # -- writing ----------------------------------------------------------------------
+
+    async def put(self, data: bytes | memoryview) -> ChunkRef:
+        chunk_id, sealed = await asyncio.to_thread(self._seal_verified, data)
+        ref = ChunkRef(chunk_id, len(data))
+        key = self.key(chunk_id)
+        if await self.objects.put_if_absent(key, sealed):
+            return ref
+        # Existed: equal ids carry equal plaintext, so the object is ours unless damaged.
+        info = await self._stat_or_none(key)
+        plausible = {sealed_size(ref.size, k) for k in self.keyring.keys}
+        if info is not None and info.size in plausible:
+            return ref
+        if info is not None:  # a damaged object would poison every later dedup: replace it
+            await self.objects.delete(key)
+        await self.objects.put_if_absent(key, sealed)
+        return ref
+
+    def _seal_verified(self, data: bytes | memoryview) -> tuple[ChunkId, bytearray]:
+        chunk_id = self.chunk_id(data)
+        sealed = self._seal.seal(chunk_id, data)
+        check = bytearray(len(data))
+        self._seal.open_into(chunk_id, sealed, memoryview(check), digest_key=self._digest_key)
+        return chunk_id, sealed
+
+    async def put_many(self, blobs: Sequence[bytes | memoryview]) -> list[ChunkRef]:
+        """Store every blob (bounded concurrency); refs in input order."""
+        return await self._bounded([lambda b=b: self.put(b) for b in blobs])
+
+    # -- reading ----------------------------------------------------------------------
+
+    async def get(self, ref: ChunkRef) -> bytes:
+        out = bytearray(ref.size)
+        await self._fetch_into(ref, memoryview(out))
+        return bytes(out)
+
+    async def get_many(self, refs: Sequence[ChunkRef]) -> memoryview:
+        """Every chunk, verified, laid end to end in one preallocated buffer in ref order."""
+        out = memoryview(bytearray(sum(r.size for r in refs)))
+        jobs: list[Callable[[], Awaitable[None]]] = []
+        offset = 0
+        for ref in refs:
+            area = out[offset : offset + ref.size]
+            jobs.append(lambda ref=ref, area=area: self._fetch_into(ref, area))
+            offset += ref.size
+        await self._bounded(jobs)
+        return out
+
+    async def _fetch_into(self, ref: ChunkRef, area: memoryview) -> None:
+        # The sealed body streams into a scratch area of bounded size, then opens into `area`.
+        scratch = memoryview(bytearray(max_sealed_size(ref.size)))
+        try:
+            n = await self.objects.get_into(self.key(ref.id), scratch)
+        except ObjectMissing as e:
+            raise ChunkMissing(ref.id) from e
+        except ObjectTooLarge as e:
+            raise ChunkCorrupt(ref.id, f"object has {e.size} bytes, too many for its size") from e
+        await asyncio.to_thread(
+            self._seal.open_into, ref.id, scratch[:n], area, digest_key=self._digest_key
+        )
+
+    async def contains(self, chunk_id: ChunkId) -> bool:
+        return await self._stat_or_none(self.key(chunk_id)) is not None
+
+    async def delete(self, chunk_id: ChunkId) -> None:
+        await self.objects.delete(self.key(chunk_id))
+
+    # -- helpers ----------------------------------------------------------------------
+
+    async def _stat_or_none(self, key: str):
+        try:
+            return await self.objects.stat(key)
+        except ObjectMissing:
+            return None
+
+    async def _bounded(self, jobs: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
+        """Run jobs at most max_concurrency at a time; results in order. The first
+        failure cancels the rest and is raised as itself (not an ExceptionGroup)."""
+        slots = asyncio.Semaphore(self.max_concurrency)
+
+        async def one(job: Callable[[], Awaitable[T]]) -> T:
+            async with slots:
+                return await job()
+
+        tasks = [asyncio.ensure_future(one(job)) for job in jobs]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise

@@ -1,0 +1,140 @@
+"""LocalDirStore: the embedded default, one file per object under a root directory.
+
+A put writes a private temp file, fsyncs it, then hard-links it into place:
+os.link fails with EEXIST when the name exists, so put-if-absent is atomic
+even under concurrent writers (in this or another process), and a reader
+never sees a half-written object. The directory is fsynced after the link.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+from cas.errors import ObjectMissing, ObjectTooLarge, StoreUnavailable
+from cas.store import ObjectInfo
+
+TEMP_PREFIX = ".tmp-"
+
+
+class LocalDirStore:
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"LocalDirStore({str(self.root)!r})"
+
+    def _path(self, key: str) -> Path:
+        parts = key.split("/")
+        if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise ValueError(f"invalid object key {key!r}: want relative 'a/b/c' without '..'")
+        if parts[-1].startswith(TEMP_PREFIX):
+            raise ValueError(f"invalid object key {key!r}: {TEMP_PREFIX!r} names are reserved")
+        return self.root.joinpath(*parts)
+
+    async def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        path = self._path(key)
+        return await asyncio.to_thread(_guard, "put", key, _put_if_absent, path, data)
+
+    async def get(self, key: str) -> bytes:
+        path = self._path(key)
+        return await asyncio.to_thread(_guard, "get", key, path.read_bytes)
+
+    async def get_into(self, key: str, out: memoryview) -> int:
+        path = self._path(key)
+        return await asyncio.to_thread(_guard, "get", key, _read_into, path, key, out)
+
+    async def stat(self, key: str) -> ObjectInfo:
+        path = self._path(key)
+        st = await asyncio.to_thread(_guard, "stat", key, path.stat)
+        return ObjectInfo(st.st_size, datetime.fromtimestamp(st.st_mtime, UTC))
+
+    async def delete(self, key: str) -> None:
+        path = self._path(key)
+        await asyncio.to_thread(_guard, "delete", key, path.unlink, missing_ok=True)
+
+    async def list_keys(self, prefix: str) -> list[str]:
+        return await asyncio.to_thread(_guard, "list", prefix, self._list, prefix)
+
+    async def aclose(self) -> None:
+        return None
+
+    def _list(self, prefix: str) -> list[str]:
+        # Walk only below the deepest directory the prefix names.
+        base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        start = self.root.joinpath(*base.split("/")) if base else self.root
+        if not start.is_dir():
+            return []
+        keys = []
+        for dirpath, _dirs, files in os.walk(start):
+            rel = Path(dirpath).relative_to(self.root).as_posix()
+            for name in files:
+                if name.startswith(TEMP_PREFIX):
+                    continue
+                key = name if rel == "." else f"{rel}/{name}"
+                if key.startswith(prefix):
+                    keys.append(key)
+        return sorted(keys)
+
+
+def _guard(op: str, key: str, fn, *args, **kwargs):
+    """Translate OS errors once. A missing path is ObjectMissing on reads and nothing on
+    delete; every other OS error (and a missing path on writes) is StoreUnavailable."""
+    try:
+        return fn(*args, **kwargs)
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            if op in ("get", "stat"):
+                raise ObjectMissing(key) from e
+            if op == "delete":
+                return None
+        raise StoreUnavailable(op, key, f"{type(e).__name__}: {e.strerror or e}") from e
+
+
+def _put_if_absent(path: Path, data: bytes | memoryview) -> bool:
+    if path.exists():
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{TEMP_PREFIX}{uuid.uuid4().hex}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)  # atomic, and refuses to replace: the put-if-absent
+        except FileExistsError:
+            return False
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    _fsync_dir(path.parent)
+    return True
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_into(path: Path, key: str, out: memoryview) -> int:
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > len(out):
+            raise ObjectTooLarge(key, size, len(out))
+        n = 0
+        while n < size:
+            got = f.readinto(out[n:size])
+            if not got:
+                break
+            n += got
+        return n

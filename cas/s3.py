@@ -1,0 +1,377 @@
+"""S3Store: objects in an S3-compatible bucket (AWS S3, MinIO, SeaweedFS, Ceph RGW).
+
+- data path: aiobotocore, one lazily created client per event loop, at most
+  `max_concurrency` requests in flight (a semaphore; the memory cost of a
+  caller's batch is max_concurrency × object size).
+- administration (ensure_bucket): boto3, synchronous, off the data path.
+- one door: every data-path call goes through S3Store._call, which owns
+  retries (a tuple of retryable errors, capped exponential backoff with
+  jitter), logs without bodies, and translates errors with `raise ... from e`:
+  NoSuchKey/404 -> ObjectMissing, 412 on put-if-absent -> "existed",
+  refusals (403, NoSuchBucket, 400) -> StoreRejected, and anything still
+  failing after the last attempt -> StoreUnavailable. botocore's own retries
+  are off so that exactly one layer retries.
+
+Checksums: botocore >= 1.36 adds CRC32 request checksums (aws-chunked bodies
+with trailers) and validates response checksums by default. Many
+S3-compatible servers reject or mangle those bodies, and every chunk is
+already sealed and digest-checked by cas.seal, so both are set to
+"when_required" (tests/cas/test_s3.py shows what the default would send).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from datetime import UTC
+from typing import Any, TypeVar
+
+import aiohttp
+from aiobotocore.config import AioConfig
+from aiobotocore.session import get_session
+from botocore import exceptions as bx
+from botocore.config import Config
+
+from cas.errors import ObjectMissing, ObjectTooLarge, StoreRejected, StoreUnavailable
+from cas.store import ObjectInfo
+
+log = logging.getLogger("cas.s3")
+T = TypeVar("T")
+
+# Transport failures worth another attempt; anything else is a verdict.
+RETRYABLE_ERRORS: tuple[type[BaseException], ...] = (
+    bx.ConnectionError,  # EndpointConnectionError, ConnectTimeoutError, ...
+    bx.HTTPClientError,  # ConnectionClosedError, ReadTimeoutError, ResponseStreamingError
+    bx.IncompleteReadError,
+    aiohttp.ClientError,
+    asyncio.TimeoutError,
+    ConnectionError,
+)
+RETRYABLE_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "TooManyRequests",
+        "RequestTimeout",
+        "InternalError",
+        "ServiceUnavailable",
+        # A concurrent conditional write is still in flight: the next attempt
+        # answers 412 (existed) or 200 (created), never a guess.
+        "ConditionalRequestConflict",
+    }
+)
+MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
+EXISTED_CODES = frozenset({"PreconditionFailed", "412"})
+
+
+@dataclass(frozen=True)
+class S3Config:
+    """Where the bucket is and how hard to try. Frozen: pass it, don't mutate globals."""
+
+    bucket: str
+    prefix: str = ""
+    endpoint_url: str | None = None
+    region: str = "us-east-1"
+    access_key: str | None = None
+    secret_key: str | None = None
+    max_concurrency: int = 8
+    max_attempts: int = 5
+    backoff_s: float = 0.1  # first retry delay; doubles per attempt
+    max_backoff_s: float = 2.0
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not self.bucket or "/" in self.bucket:
+            raise ValueError(f"S3Config.bucket must be a bucket name, got {self.bucket!r}")
+        if self.prefix.startswith("/"):
+            raise ValueError(f"S3Config.prefix must not start with '/', got {self.prefix!r}")
+        if self.max_concurrency < 1:
+            raise ValueError(f"S3Config.max_concurrency must be >= 1, got {self.max_concurrency}")
+        if self.max_attempts < 1:
+            raise ValueError(f"S3Config.max_attempts must be >= 1, got {self.max_attempts}")
+        if (self.access_key is None) != (self.secret_key is None):
+            raise ValueError("S3Config needs both access_key and secret_key, or neither")
+
+    @property
+    def key_prefix(self) -> str:
+        """The prefix as it is glued to keys: "" or ending in one "/"."""
+        p = self.prefix.strip("/")
+        return f"{p}/" if p else ""
+
+    @classmethod
+    def from_env(cls, bucket: str, prefix: str = "", **overrides: Any) -> S3Config:
+        """Endpoint and credentials from AWS_ENDPOINT_URL / AWS_ACCESS_KEY_ID / ..."""
+        env = {
+            "endpoint_url": os.environ.get("AWS_ENDPOINT_URL") or None,
+            "access_key": os.environ.get("AWS_ACCESS_KEY_ID") or None,
+            "secret_key": os.environ.get("AWS_SECRET_ACCESS_KEY") or None,
+            "region": os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"),
+        }
+        env = {k: v for k, v in env.items() if v is not None}
+        return cls(bucket=bucket, prefix=prefix, **{**env, **overrides})
+
+    def client_kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {"region_name": self.region}
+        if self.endpoint_url:
+            kw["endpoint_url"] = self.endpoint_url
+        if self.access_key is not None:
+            kw["aws_access_key_id"] = self.access_key
+            kw["aws_secret_access_key"] = self.secret_key
+        return kw
+
+    def botocore_options(self) -> dict[str, Any]:
+        return {
+            "request_checksum_calculation": "when_required",
+            "response_checksum_validation": "when_required",
+            "retries": {"total_max_attempts": 1, "mode": "standard"},  # the door retries
+            "connect_timeout": self.connect_timeout_s,
+            "read_timeout": self.read_timeout_s,
+            "max_pool_connections": self.max_concurrency,
+            "s3": {"addressing_style": "path" if self.endpoint_url else "auto"},
+        }
+
+
+def boto3_client(config: S3Config):
+    """A synchronous boto3 client for administration (and the raw baseline in bench-store)."""
+    import boto3
+
+    return boto3.client("s3", config=Config(**config.botocore_options()), **config.client_kwargs())
+
+
+def ensure_bucket(config: S3Config) -> None:
+    """Create the bucket if it does not exist (boto3; administration, not the data path)."""
+    client = boto3_client(config)
+    try:
+        try:
+            client.head_bucket(Bucket=config.bucket)
+            return
+        except bx.ClientError as e:
+            if _status(e) != 404 and _code(e) not in ("NoSuchBucket", "404", "NotFound"):
+                raise StoreRejected("ensure_bucket", config.bucket, _code(e), str(e)) from e
+        kw: dict[str, Any] = {"Bucket": config.bucket}
+        if config.region != "us-east-1":
+            kw["CreateBucketConfiguration"] = {"LocationConstraint": config.region}
+        try:
+            client.create_bucket(**kw)
+        except bx.ClientError as e:
+            if _code(e) != "BucketAlreadyOwnedByYou":
+                raise StoreRejected("ensure_bucket", config.bucket, _code(e), str(e)) from e
+    except RETRYABLE_ERRORS as e:
+        raise StoreUnavailable("ensure_bucket", config.bucket, _describe(e)) from e
+    finally:
+        client.close()
+
+
+class _Existed(Exception):
+    """Internal: a conditional put found the key taken (412)."""
+
+
+@dataclass
+class _Connection:
+    loop: asyncio.AbstractEventLoop
+    client: Any
+    stack: AsyncExitStack
+    slots: asyncio.Semaphore
+
+
+class S3Store:
+    """ObjectStore on an S3 bucket. `wrap_client` lets tests put a fault injector around
+    the real aiobotocore client (restic-style wrappers), below the retrying door."""
+
+    def __init__(self, config: S3Config, *, wrap_client: Callable[[Any], Any] | None = None):
+        self.config = config
+        self._prefix = config.key_prefix
+        self._wrap = wrap_client
+        self._conn: _Connection | None = None
+        self._lock: asyncio.Lock | None = None
+        self._lock_loop: asyncio.AbstractEventLoop | None = None
+
+    def __repr__(self) -> str:
+        c = self.config
+        return f"S3Store(s3://{c.bucket}/{self._prefix} at {c.endpoint_url or 'aws'})"
+
+    def ensure_bucket(self) -> None:
+        ensure_bucket(self.config)
+
+    # -- the client: created lazily under a lock, one per event loop ---------------
+
+    async def _connection(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        conn = self._conn
+        if conn is not None and conn.loop is loop:
+            return conn
+        if self._lock_loop is not loop:
+            self._lock, self._lock_loop = asyncio.Lock(), loop
+        assert self._lock is not None
+        async with self._lock:
+            conn = self._conn
+            if conn is not None and conn.loop is loop:
+                return conn
+            if conn is not None and not conn.loop.is_closed():
+                raise RuntimeError(f"{self!r} is in use on another running event loop")
+            # A previous loop has ended (e.g. successive asyncio.run calls): start afresh.
+            stack = AsyncExitStack()
+            session = get_session()
+            client = await stack.enter_async_context(
+                session.create_client(
+                    "s3",
+                    config=AioConfig(**self.config.botocore_options()),
+                    **self.config.client_kwargs(),
+                )
+            )
+            if self._wrap is not None:
+                client = self._wrap(client)
+            self._conn = _Connection(
+                loop, client, stack, asyncio.Semaphore(self.config.max_concurrency)
+            )
+            return self._conn
+
+    async def client(self) -> Any:
+        """The aiobotocore client of the running loop (for event hooks in tests)."""
+        return (await self._connection()).client
+
+    async def aclose(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and conn.loop is asyncio.get_running_loop():
+            await conn.stack.aclose()
+
+    # -- the door ---------------------------------------------------------------------
+
+    async def _call(self, op: str, key: str, request: Callable[[Any], Awaitable[T]]) -> T:
+        cfg = self.config
+        last: BaseException | None = None
+        for attempt in range(1, cfg.max_attempts + 1):
+            conn = await self._connection()
+            try:
+                async with conn.slots:
+                    return await request(conn.client)
+            except bx.ClientError as e:
+                code, status = _code(e), _status(e)
+                if code == "NoSuchBucket":
+                    raise StoreRejected(op, key, code, _message(e)) from e
+                if code in MISSING_CODES or status == 404:
+                    raise ObjectMissing(key) from e
+                if code in EXISTED_CODES or status == 412:
+                    raise _Existed() from e
+                if not (code in RETRYABLE_CODES or status >= 500 or status == 429):
+                    raise StoreRejected(op, key, code, _message(e)) from e
+                last = e
+            except RETRYABLE_ERRORS as e:
+                last = e
+            if attempt < cfg.max_attempts:
+                delay = min(cfg.max_backoff_s, cfg.backoff_s * 2 ** (attempt - 1))
+                delay *= random.uniform(0.5, 1.0)
+                log.warning(
+                    "s3 %s %s: attempt %d/%d failed (%s); retrying in %.2fs",
+                    op, key, attempt, cfg.max_attempts, _describe(last), delay,
+                )  # fmt: skip
+                await asyncio.sleep(delay)
+        log.error("s3 %s %s: giving up after %d attempts", op, key, cfg.max_attempts)
+        assert last is not None
+        raise StoreUnavailable(op, key, _describe(last)) from last
+
+    # -- ObjectStore ------------------------------------------------------------------
+
+    def _key(self, key: str) -> str:
+        if not key or key.startswith("/"):
+            raise ValueError(f"invalid object key {key!r}")
+        return self._prefix + key
+
+    async def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        full = self._key(key)
+        body = data if isinstance(data, bytes | bytearray) else bytes(data)
+        try:
+            await self._call(
+                "put",
+                key,
+                lambda c: c.put_object(
+                    Bucket=self.config.bucket, Key=full, Body=body, IfNoneMatch="*"
+                ),
+            )
+        except _Existed:
+            return False
+        return True
+
+    async def get(self, key: str) -> bytes:
+        full = self._key(key)
+
+        async def request(c: Any) -> bytes:
+            resp = await c.get_object(Bucket=self.config.bucket, Key=full)
+            async with resp["Body"] as body:
+                return await body.read()
+
+        return await self._call("get", key, request)
+
+    async def get_into(self, key: str, out: memoryview) -> int:
+        full = self._key(key)
+
+        async def request(c: Any) -> int:
+            resp = await c.get_object(Bucket=self.config.bucket, Key=full)
+            async with resp["Body"] as body:
+                size = resp["ContentLength"]
+                if size > len(out):
+                    raise ObjectTooLarge(key, size, len(out))
+                n = 0
+                while n < size:  # stream straight into the caller's area
+                    got = await body.readinto(out[n:size])
+                    if not got:
+                        raise bx.IncompleteReadError(actual_bytes=n, expected_bytes=size)
+                    n += got
+                return n
+
+        return await self._call("get", key, request)
+
+    async def stat(self, key: str) -> ObjectInfo:
+        full = self._key(key)
+        head = await self._call(
+            "stat", key, lambda c: c.head_object(Bucket=self.config.bucket, Key=full)
+        )
+        return ObjectInfo(head["ContentLength"], head["LastModified"].astimezone(UTC))
+
+    async def delete(self, key: str) -> None:
+        full = self._key(key)
+        try:
+            await self._call(
+                "delete", key, lambda c: c.delete_object(Bucket=self.config.bucket, Key=full)
+            )
+        except ObjectMissing:
+            return
+
+    async def list_keys(self, prefix: str) -> list[str]:
+        full = self._prefix + prefix
+        keys: list[str] = []
+        token: str | None = None
+        while True:
+            kw: dict[str, Any] = {"Bucket": self.config.bucket, "Prefix": full}
+            if token:
+                kw["ContinuationToken"] = token
+            page = await self._call("list", prefix, lambda c, kw=kw: c.list_objects_v2(**kw))
+            keys.extend(o["Key"][len(self._prefix) :] for o in page.get("Contents", ()))
+            if not page.get("IsTruncated"):
+                return sorted(keys)
+            token = page["NextContinuationToken"]
+
+
+def _code(e: bx.ClientError) -> str:
+    return str(e.response.get("Error", {}).get("Code", ""))
+
+
+def _status(e: bx.ClientError) -> int:
+    return int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+
+
+def _message(e: bx.ClientError) -> str:
+    return str(e.response.get("Error", {}).get("Message", "")) or str(e)
+
+
+def _describe(e: BaseException | None) -> str:
+    if isinstance(e, bx.ClientError):
+        return f"{_code(e)} (HTTP {_status(e)})"
+    return f"{type(e).__name__}: {e}"

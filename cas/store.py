@@ -1,0 +1,56 @@
+"""The object store: where sealed objects live.
+
+- object: an immutable run of bytes under a key built by cas.layout.object_key.
+- put-if-absent: the only write. "Already exists" is success (False), never an
+  error, because equal keys always carry equal bytes (content addressing).
+- backend: one implementation of ObjectStore (LocalDirStore, S3Store). Every
+  backend passes the same contract suite (tests/cas/test_contract.py).
+
+Errors: ObjectMissing (no such key), ObjectTooLarge (get_into buffer too small),
+StoreUnavailable (outage after retries; StoreRejected when refused for good).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    size: int
+    modified: datetime  # UTC
+
+
+@runtime_checkable
+class ObjectStore(Protocol):
+    """Raw immutable objects; one implementation per backend."""
+
+    async def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        """Store `data` under `key` unless an object is there: True created, False existed."""
+        ...
+
+    async def get(self, key: str) -> bytes:
+        """The whole object; ObjectMissing."""
+        ...
+
+    async def get_into(self, key: str, out: memoryview) -> int:
+        """Stream the object into `out`, return its size; ObjectMissing, ObjectTooLarge."""
+        ...
+
+    async def stat(self, key: str) -> ObjectInfo:
+        """Size and modification time; ObjectMissing."""
+        ...
+
+    async def delete(self, key: str) -> None:
+        """Remove `key`; deleting a missing key is not an error."""
+        ...
+
+    async def list_keys(self, prefix: str) -> list[str]:
+        """Every key that starts with `prefix`, sorted."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections; the store may not be used afterwards."""
+        ...

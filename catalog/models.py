@@ -1,0 +1,158 @@
+"""Catalog tables: the facts about what the vault holds.
+
+Words (see DESIGN.md):
+- identities: one row per identity digest, with the components that made it.
+- manifests: one row per sealed cut: identity, depth, chain digest (the token
+  chain link naming tokens[:depth]), aligned, logits witnessed, bytes,
+  generation, producer, provenance, the idempotency key (UNIQUE: one history,
+  one manifest), the manifest object's key, created and last-hit times.
+- manifest_chunks: the ordered chunk references of a manifest (ordinal, role).
+- chunks: one row per stored chunk id: plaintext size, stored size, when its
+  row was created (its first reservation), when a manifest or a publish last
+  referenced it, and GC's claim (condemned_at/by) while its object is deleted.
+- quarantine, economics_ledger: tables only for now (remote imports, paired
+  restore/prefill timings).
+
+Digests are stored as lowercase hex strings (identity, chain, chunk ids,
+idempotency keys): portable across SQLite and PostgreSQL, and the same text as
+the object keys. Times are timezone-aware UTC.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+HEX_DIGEST = 64
+MANIFEST_ID = 32
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC in, timezone-aware UTC out (SQLite stores naive UTC text)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("catalog times must be timezone-aware")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class IdentityRow(Base):
+    __tablename__ = "identities"
+
+    digest: Mapped[str] = mapped_column(String(HEX_DIGEST), primary_key=True)
+    components: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class ManifestRow(Base):
+    __tablename__ = "manifests"
+    __table_args__ = (
+        Index("ix_manifests_identity_chain", "identity", "chain"),
+        CheckConstraint("depth >= 1", name="depth_positive"),
+        CheckConstraint("generation >= 0", name="generation_nonnegative"),
+    )
+
+    id: Mapped[str] = mapped_column(String(MANIFEST_ID), primary_key=True)
+    identity: Mapped[str] = mapped_column(ForeignKey("identities.digest"))
+    depth: Mapped[int] = mapped_column(BigInteger)
+    chain: Mapped[str] = mapped_column(String(HEX_DIGEST))
+    aligned: Mapped[bool]
+    logits_witnessed: Mapped[bool]
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    generation: Mapped[int] = mapped_column(BigInteger)
+    producer: Mapped[str] = mapped_column(String(200))
+    provenance: Mapped[str] = mapped_column(String(64))
+    idempotency_key: Mapped[str] = mapped_column(String(HEX_DIGEST), unique=True)
+    object_key: Mapped[str] = mapped_column(String(1024))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    last_hit_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class ManifestChunkRow(Base):
+    __tablename__ = "manifest_chunks"
+
+    manifest: Mapped[str] = mapped_column(
+        ForeignKey("manifests.id", ondelete="CASCADE"), primary_key=True
+    )
+    ordinal: Mapped[int] = mapped_column(Integer, primary_key=True)
+    role: Mapped[str] = mapped_column(String(128))
+    # No cascade: a chunk row cannot vanish under a manifest that references it.
+    chunk: Mapped[str] = mapped_column(ForeignKey("chunks.id"), index=True)
+
+
+class ChunkRow(Base):
+    __tablename__ = "chunks"
+    __table_args__ = (CheckConstraint("size >= 0", name="size_nonnegative"),)
+
+    id: Mapped[str] = mapped_column(String(HEX_DIGEST), primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    stored_size: Mapped[int | None] = mapped_column(BigInteger)
+    first_stored_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    last_referenced_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    condemned_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    condemned_by: Mapped[str | None] = mapped_column(String(32))
+
+
+class QuarantineRow(Base):
+    __tablename__ = "quarantine"
+
+    import_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    peer: Mapped[str] = mapped_column(String(255))
+    identity: Mapped[str] = mapped_column(String(HEX_DIGEST), index=True)
+    reason: Mapped[str | None] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class EconomicsRow(Base):
+    __tablename__ = "economics_ledger"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    identity: Mapped[str] = mapped_column(String(HEX_DIGEST), index=True)
+    tier: Mapped[str] = mapped_column(String(16))
+    restored_tokens: Mapped[int] = mapped_column(BigInteger)
+    restore_seconds: Mapped[float] = mapped_column(Float)
+    prefill_seconds: Mapped[float] = mapped_column(Float)
+    measured_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+metadata = Base.metadata

@@ -1,0 +1,344 @@
+"""Publication and loading of durable cuts.
+
+publish: chunks stored and verified first, then the manifest object, then the
+catalog rows in one transaction, so a reader never sees a manifest whose
+chunks are not all stored (DESIGN invariant 6). In order:
+
+1. the idempotency key (domain tag + identity + full-history chain digest)
+   finds an existing manifest → return it (same history, one manifest);
+2. reserve: insert or touch a chunk row per chunk id and commit, before any
+   upload (GC spares a chunk for a grace period after its last reference; a
+   chunk GC has already condemned is waited for, then stored afresh);
+3. ChunkStore.put_many: seal, put-if-absent, verify;
+4. the sealed manifest object under its own key: object_key("manifest",
+   identity, "<manifest id>-<generation>"). Every attempt writes a distinct
+   object, so no writer ever adopts an object a collector may be deleting;
+5. one transaction: lock our chunk rows, re-check that each is the very row
+   we reserved (not condemned, same first_stored_at), touch them, insert the
+   identity, the manifest row (ON CONFLICT on the idempotency key DO NOTHING)
+   and its manifest_chunks. A collected reservation restarts at 2; a lost
+   race deletes our object and returns the winner's manifest.
+
+load_cut: the catalog row, the manifest object, its MAC, identity and the
+row's depth, chain and generation, then every chunk verified. Nothing
+unverified is returned.
+
+Generation: a hybrid clock per process (wall-clock nanoseconds, bumped to stay
+strictly increasing); it stays below 2**63-1 until the year 2262 and is refused
+beyond, never wrapped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from cas.chunks import ChunkRef, ChunkStore
+from cas.errors import ObjectMissing
+from cas.keys import Keyring
+from cas.layout import object_key
+from cas.seal import sealed_size
+from catalog import queries
+from catalog.chain import token_chain
+from catalog.errors import (
+    ChunksBeingCollected,
+    CutMissing,
+    GenerationExhausted,
+    IdentityMismatch,
+    ManifestInvalid,
+    StaleGeneration,
+)
+from catalog.manifest import (
+    MAX_GENERATION,
+    Manifest,
+    PlaneEntry,
+    idempotency_key,
+    make_manifest,
+    manifest_id,
+    open_manifest,
+    seal_manifest,
+)
+from catalog.models import ManifestRow
+from catalog.queries import Cut
+
+T = TypeVar("T")
+Checkpoint = Callable[[str], Awaitable[None]]
+MAX_RESTARTS = 5
+
+_generation_lock = threading.Lock()
+_last_generation = 0
+
+
+def next_generation() -> int:
+    """Strictly increasing within this process; refused (never wrapped) past 2**63-1."""
+    global _last_generation
+    with _generation_lock:
+        generation = max(time.time_ns(), _last_generation + 1)
+        if generation > MAX_GENERATION:
+            raise GenerationExhausted(generation)
+        _last_generation = generation
+        return generation
+
+
+@dataclass(frozen=True)
+class LoadedCut:
+    """A verified cut: its manifest and each plane's bytes, in manifest order."""
+
+    manifest: Manifest
+    planes: list[tuple[str, memoryview]]
+
+
+async def publish(
+    *,
+    chunks: ChunkStore,
+    db: Engine,
+    keyring: Keyring,
+    identity: bytes,
+    identity_components: Mapping[str, Any] | None,
+    tokens: Sequence[int],
+    alignment: int,
+    planes: Sequence[tuple[str, bytes | memoryview]],
+    layout: Mapping[str, Any],
+    logits_witnessed: bool,
+    producer: str,
+    provenance: str = "local",
+    reclaim_wait_s: float = 10.0,
+    checkpoint: Checkpoint | None = None,
+) -> Manifest:
+    """Publish the cut after `tokens`; the same history published again is the same manifest.
+
+    `checkpoint(name)` is awaited at "reserved", "chunks_stored", "manifest_stored",
+    "committed" and "waiting_for_collector" (tests pause there to interleave).
+    """
+    chain = token_chain(tokens, alignment=alignment)
+    if chain.depth == 0:
+        raise ValueError("cannot publish an empty history")
+    key = idempotency_key(identity, chain.digest)
+    mid = manifest_id(identity, chain.digest)
+    point = checkpoint or _no_checkpoint
+
+    row = await _run(db, lambda s: queries.manifest_by_idempotency_key(session=s, key=key))
+    if row is not None:
+        return await _open_row(chunks, keyring, row, identity)
+
+    blobs = [data for _, data in planes]
+    ids = await asyncio.to_thread(lambda: [chunks.chunk_id(b).hex for b in blobs])
+    sizes = {i: len(b) for i, b in zip(ids, blobs, strict=True)}
+    stored = {i: sealed_size(n, keyring.current) for i, n in sizes.items()}
+
+    for _ in range(MAX_RESTARTS):
+        reserved = await _reserve(db, sizes, stored, reclaim_wait_s, point)
+        await point("reserved")
+        refs = await chunks.put_many(blobs)
+        if [r.id.hex for r in refs] != ids:  # pragma: no cover - ChunkStore names by content
+            raise RuntimeError("chunk store returned ids that differ from the content digests")
+        await point("chunks_stored")
+
+        manifest, sealed, okey = _seal(
+            keyring=keyring,
+            identity=identity,
+            chain_digest=chain.digest,
+            depth=chain.depth,
+            alignment=alignment,
+            logits_witnessed=logits_witnessed,
+            planes=[
+                PlaneEntry(role, r.id, r.size) for (role, _), r in zip(planes, refs, strict=True)
+            ],
+            layout=layout,
+            producer=producer,
+            prefix=chunks.prefix,
+            mid=mid,
+        )
+        while not await chunks.objects.put_if_absent(okey, sealed):
+            # Another process drew the same generation: draw again (the object is per attempt).
+            manifest, sealed, okey = _reseal(manifest, keyring, chunks.prefix)
+        await point("manifest_stored")
+
+        values = {
+            "id": mid,
+            "identity": identity.hex(),
+            "depth": manifest.depth,
+            "chain": manifest.chain.hex(),
+            "aligned": manifest.aligned,
+            "logits_witnessed": manifest.logits_witnessed,
+            "bytes": manifest.bytes,
+            "generation": manifest.generation,
+            "producer": producer,
+            "provenance": provenance,
+            "idempotency_key": key.hex(),
+            "object_key": okey,
+            "created_at": manifest.created_at,
+        }
+        try:
+            winner = await _run(
+                db,
+                lambda s, values=values, reserved=reserved: _commit(
+                    s, identity, identity_components, values, planes, ids, reserved
+                ),
+            )
+        except _Collected:
+            # Our publish outlived the grace period: reserve and upload again.
+            await chunks.objects.delete(okey)
+            continue
+        if winner is None:
+            await point("committed")
+            return manifest
+        await chunks.objects.delete(okey)  # nobody else can name this attempt's object
+        return await _open_row(chunks, keyring, winner, identity)
+    raise ChunksBeingCollected(ids)
+
+
+async def load_cut(
+    *,
+    chunks: ChunkStore,
+    db: Engine | Session,
+    keyring: Keyring,
+    cut: Cut,
+    identity: bytes,
+) -> LoadedCut:
+    """Fetch and verify a cut: MAC, identity, catalog agreement, then every chunk."""
+    row = await _run(db, lambda s: queries.get_manifest_row(session=s, manifest_id=cut.manifest_id))
+    if row is None:
+        raise CutMissing(cut.manifest_id)
+    if (row.depth, row.object_key) != (cut.depth, cut.object_key):
+        raise ManifestInvalid(f"cut {cut.manifest_id} does not match its catalog row")
+    manifest = await _open_row(chunks, keyring, row, identity)
+    refs = [ChunkRef(p.chunk_id, p.size) for p in manifest.planes]
+    buffer = await chunks.get_many(refs)
+    out, offset = [], 0
+    for p in manifest.planes:
+        out.append((p.role, buffer[offset : offset + p.size]))
+        offset += p.size
+    return LoadedCut(manifest, out)
+
+
+# -- steps -----------------------------------------------------------------------------
+
+
+async def _reserve(
+    db: Engine,
+    sizes: Mapping[str, int],
+    stored: Mapping[str, int],
+    wait_s: float,
+    point: Checkpoint,
+) -> dict[str, datetime]:
+    """Committed chunk rows for every id; waits while GC finishes deleting condemned ones."""
+    deadline = time.monotonic() + wait_s
+    delay = 0.01
+    while True:
+        now = datetime.now(UTC)
+        got = await _run(
+            db,
+            lambda s, now=now: queries.reserve_chunks(
+                session=s, chunks=sizes, now=now, stored_sizes=stored
+            ),
+        )
+        condemned = sorted(i for i, c in got.items() if c.condemned)
+        if not condemned:
+            return {i: c.first_stored_at for i, c in got.items()}
+        if time.monotonic() > deadline:
+            raise ChunksBeingCollected(condemned)
+        await point("waiting_for_collector")
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.5)
+
+
+class _Collected(Exception):
+    """A reservation was collected before the commit (rolls the transaction back)."""
+
+
+def _commit(
+    session: Session,
+    identity: bytes,
+    components: Mapping[str, Any] | None,
+    values: dict[str, Any],
+    planes: Sequence[tuple[str, Any]],
+    ids: Sequence[str],
+    reserved: Mapping[str, datetime],
+) -> ManifestRow | None:
+    """Rows for the manifest in one transaction; the winner's row if another publish won."""
+    now = datetime.now(UTC)
+    queries.ensure_identity(session=session, identity=identity, components=components, now=now)
+    held = queries.claims(session=session, ids=ids, lock=True)
+    for i in ids:
+        claim = held.get(i)
+        if claim is None or claim.condemned or claim.first_stored_at != reserved[i]:
+            raise _Collected(i)
+    queries.touch_chunks(session=session, ids=ids, now=now)
+    rows = [(role, i) for (role, _), i in zip(planes, ids, strict=True)]
+    if queries.insert_manifest(session=session, row=values, chunks=rows):
+        return None
+    winner = queries.manifest_by_idempotency_key(
+        session=session, key=bytes.fromhex(values["idempotency_key"])
+    )
+    return winner
+
+
+def _seal(*, keyring: Keyring, prefix: str, mid: str, **fields: Any) -> tuple[Manifest, bytes, str]:
+    chain_digest = fields.pop("chain_digest")
+    manifest = make_manifest(chain=chain_digest, generation=next_generation(), **fields)
+    return manifest, seal_manifest(manifest, keyring), _object_key(manifest, mid, prefix)
+
+
+def _reseal(old: Manifest, keyring: Keyring, prefix: str) -> tuple[Manifest, bytes, str]:
+    fields = {f: getattr(old, f) for f in old.__dataclass_fields__}
+    manifest = Manifest(**{**fields, "generation": next_generation()})
+    return manifest, seal_manifest(manifest, keyring), _object_key(manifest, manifest.id, prefix)
+
+
+def _object_key(manifest: Manifest, mid: str, prefix: str) -> str:
+    return object_key(
+        "manifest", manifest.identity.hex(), f"{mid}-{manifest.generation:016x}", prefix=prefix
+    )
+
+
+async def _open_row(
+    chunks: ChunkStore, keyring: Keyring, row: ManifestRow, identity: bytes
+) -> Manifest:
+    """The manifest a catalog row names, verified against the row and the asked identity."""
+    if row.identity != identity.hex():
+        raise IdentityMismatch(identity, bytes.fromhex(row.identity))
+    try:
+        data = await chunks.objects.get(row.object_key)
+    except ObjectMissing as e:
+        raise CutMissing(row.id) from e
+    manifest = open_manifest(data, keyring)
+    if manifest.identity != identity:
+        raise IdentityMismatch(identity, manifest.identity)
+    facts = (
+        manifest.id,
+        manifest.depth,
+        manifest.chain.hex(),
+        manifest.aligned,
+        manifest.logits_witnessed,
+        manifest.bytes,
+    )
+    if facts != (row.id, row.depth, row.chain, row.aligned, row.logits_witnessed, row.bytes):
+        raise ManifestInvalid(f"manifest object {row.object_key} does not match its catalog row")
+    if manifest.generation != row.generation:
+        raise StaleGeneration(row.id, row.generation, manifest.generation)
+    return manifest
+
+
+async def _run(db: Engine | Session, fn: Callable[[Session], T]) -> T:
+    """One transaction in a worker thread (never across an await); a given Session runs inline."""
+    if isinstance(db, Session):
+        return fn(db)
+
+    def work() -> T:
+        with Session(db, expire_on_commit=False) as session, session.begin():
+            return fn(session)
+
+    return await asyncio.to_thread(work)
+
+
+async def _no_checkpoint(_: str) -> None:
+    return None

@@ -1,0 +1,328 @@
+"""Catalog queries: keyword-only functions that never commit.
+
+The caller owns the transaction (`with Session(engine) as s, s.begin(): ...`),
+so two writes can be atomic. Digests go in as bytes and are stored as hex.
+
+Words (see DESIGN.md):
+- cut: the state after exactly `depth` tokens, as the catalog knows it (Cut).
+  An aligned cut can serve any longer prompt that shares its chain link; a
+  non-aligned cut serves only the exact history it names.
+- reservation: a publish's claim on chunk rows (last_referenced_at touched, row
+  inserted if absent) committed before it uploads; GC leaves a chunk alone for a
+  grace period after its last reference. See catalog/gc.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import delete, exists, func, or_, select, tuple_, update
+from sqlalchemy.orm import Session
+
+from catalog.chain import TokenChain
+from catalog.models import ChunkRow, IdentityRow, ManifestChunkRow, ManifestRow
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """A sealed cut the catalog can serve for a prompt."""
+
+    manifest_id: str
+    depth: int
+    aligned: bool
+    exact: bool  # depth == the prompt's length
+    logits_witnessed: bool
+    bytes: int
+    object_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkClaim:
+    """A chunk row as a publish sees it: its incarnation and whether GC has condemned it."""
+
+    first_stored_at: datetime
+    condemned: bool
+
+
+def find_deepest(
+    *, session: Session, identity: bytes, chain: TokenChain, max_depth: int | None = None
+) -> Cut | None:
+    """The deepest sealed cut for this prompt under this identity, in one indexed query.
+
+    Every link of the chain is a candidate: aligned links name ancestors, the
+    exact-end link names the prompt itself (a non-aligned cut matches only there).
+    `max_depth` caps the answer (e.g. to ask for an ancestor strictly shorter).
+    """
+    links = [(d, digest) for d, digest in chain.links if max_depth is None or d <= max_depth]
+    if not links:
+        return None
+    m = ManifestRow
+    row = session.execute(
+        select(m.id, m.depth, m.aligned, m.logits_witnessed, m.bytes, m.object_key)
+        .where(
+            m.identity == identity.hex(),
+            m.chain.in_([digest.hex() for _, digest in links]),  # served by (identity, chain)
+            tuple_(m.chain, m.depth).in_([(digest.hex(), d) for d, digest in links]),
+            or_(m.aligned, m.depth == chain.depth),
+        )
+        .order_by(m.depth.desc())
+        .limit(1)
+    ).one_or_none()
+    if row is None:
+        return None
+    return Cut(
+        manifest_id=row.id,
+        depth=row.depth,
+        aligned=row.aligned,
+        exact=row.depth == chain.depth,
+        logits_witnessed=row.logits_witnessed,
+        bytes=row.bytes,
+        object_key=row.object_key,
+    )
+
+
+def record_hit(*, session: Session, manifest_id: str, at: datetime | None = None) -> bool:
+    """Mark a cut as just served (GC evicts the least recently hit first). False if gone."""
+    result = session.execute(
+        update(ManifestRow).where(ManifestRow.id == manifest_id).values(last_hit_at=at or _now())
+    )
+    return result.rowcount == 1
+
+
+def get_manifest_row(*, session: Session, manifest_id: str) -> ManifestRow | None:
+    return session.get(ManifestRow, manifest_id)
+
+
+def manifest_by_idempotency_key(*, session: Session, key: bytes) -> ManifestRow | None:
+    return session.execute(
+        select(ManifestRow).where(ManifestRow.idempotency_key == key.hex())
+    ).scalar_one_or_none()
+
+
+def manifest_chunk_ids(*, session: Session, manifest_id: str) -> list[str]:
+    """The chunk ids of a manifest, in plane order."""
+    return list(
+        session.scalars(
+            select(ManifestChunkRow.chunk)
+            .where(ManifestChunkRow.manifest == manifest_id)
+            .order_by(ManifestChunkRow.ordinal)
+        )
+    )
+
+
+# -- publish ---------------------------------------------------------------------------
+
+
+def reserve_chunks(
+    *, session: Session, chunks: Mapping[str, int], now: datetime, stored_sizes: Mapping[str, int]
+) -> dict[str, ChunkClaim]:
+    """Insert or touch a row per chunk id (hex -> size); condemned rows are left as they are.
+
+    Rows are written in id order so concurrent publishers lock them in one order.
+    """
+    ids = sorted(chunks)
+    if not ids:
+        return {}
+    stmt = _insert(session, ChunkRow).values(
+        [
+            {
+                "id": i,
+                "size": chunks[i],
+                "stored_size": stored_sizes.get(i),
+                "first_stored_at": now,
+                "last_referenced_at": now,
+            }
+            for i in ids
+        ]
+    )
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[ChunkRow.id],
+        set_={"last_referenced_at": stmt.excluded.last_referenced_at},
+        where=ChunkRow.condemned_at.is_(None),
+    )
+    session.execute(stmt)
+    return claims(session=session, ids=ids)
+
+
+def claims(*, session: Session, ids: Sequence[str], lock: bool = False) -> dict[str, ChunkClaim]:
+    """The chunk rows that exist among `ids`; `lock` takes row locks (PostgreSQL) in id order."""
+    stmt = (
+        select(ChunkRow.id, ChunkRow.first_stored_at, ChunkRow.condemned_at)
+        .where(ChunkRow.id.in_(sorted(set(ids))))
+        .order_by(ChunkRow.id)
+    )
+    if lock:
+        stmt = stmt.with_for_update()
+    return {
+        r.id: ChunkClaim(r.first_stored_at, r.condemned_at is not None)
+        for r in session.execute(stmt)
+    }
+
+
+def touch_chunks(*, session: Session, ids: Sequence[str], now: datetime) -> None:
+    session.execute(
+        update(ChunkRow).where(ChunkRow.id.in_(sorted(set(ids)))).values(last_referenced_at=now)
+    )
+
+
+def ensure_identity(
+    *, session: Session, identity: bytes, components: Mapping[str, Any] | None, now: datetime
+) -> None:
+    stmt = _insert(session, IdentityRow).values(
+        digest=identity.hex(), components=dict(components) if components else None, created_at=now
+    )
+    session.execute(stmt.on_conflict_do_nothing(index_elements=[IdentityRow.digest]))
+
+
+def insert_manifest(
+    *, session: Session, row: Mapping[str, Any], chunks: Sequence[tuple[str, str]]
+) -> bool:
+    """Insert a manifest row and its (role, chunk id) rows; False if its idempotency key exists."""
+    stmt = _insert(session, ManifestRow).values(**row)
+    stmt = stmt.on_conflict_do_nothing(index_elements=[ManifestRow.idempotency_key])
+    inserted = session.execute(stmt.returning(ManifestRow.id)).scalar_one_or_none()
+    if inserted is None:
+        return False
+    if chunks:
+        session.execute(
+            _insert(session, ManifestChunkRow).values(
+                [
+                    {"manifest": row["id"], "ordinal": i, "role": role, "chunk": chunk}
+                    for i, (role, chunk) in enumerate(chunks)
+                ]
+            )
+        )
+    return True
+
+
+# -- GC --------------------------------------------------------------------------------
+
+
+def referenced_bytes(*, session: Session) -> int:
+    """Plaintext bytes of the distinct chunks that at least one manifest references."""
+    referenced = exists().where(ManifestChunkRow.chunk == ChunkRow.id)
+    return int(session.scalar(select(func.coalesce(func.sum(ChunkRow.size), 0)).where(referenced)))
+
+
+def exclusive_bytes(*, session: Session, manifest_id: str) -> int:
+    """Plaintext bytes of the chunks only this manifest references (what evicting it frees)."""
+    mine, other = ManifestChunkRow, ManifestChunkRow.__table__.alias("other")
+    shared = exists().where(other.c.chunk == ChunkRow.id, other.c.manifest != manifest_id)
+    ids = select(mine.chunk).where(mine.manifest == manifest_id)
+    total = select(func.coalesce(func.sum(ChunkRow.size), 0)).where(ChunkRow.id.in_(ids), ~shared)
+    return int(session.scalar(total))
+
+
+def least_recently_hit(*, session: Session, limit: int) -> list[tuple[str, str]]:
+    """(manifest id, object key), least recently hit first (never hit: by creation)."""
+    m = ManifestRow
+    last_use = func.coalesce(m.last_hit_at, m.created_at)
+    rows = session.execute(
+        select(m.id, m.object_key).order_by(last_use, m.created_at, m.id).limit(limit)
+    )
+    return [(r.id, r.object_key) for r in rows]
+
+
+def delete_manifest(*, session: Session, manifest_id: str, now: datetime) -> str | None:
+    """Delete a manifest's rows; its chunks become unreferenced now. Returns its object key."""
+    object_key = session.scalar(select(ManifestRow.object_key).where(ManifestRow.id == manifest_id))
+    if object_key is None:
+        return None
+    chunk_ids = manifest_chunk_ids(session=session, manifest_id=manifest_id)
+    session.execute(delete(ManifestChunkRow).where(ManifestChunkRow.manifest == manifest_id))
+    session.execute(delete(ManifestRow).where(ManifestRow.id == manifest_id))
+    # The grace period counts from the last reference, so an eviction restarts it.
+    touch_chunks(session=session, ids=chunk_ids, now=now)
+    return object_key
+
+
+def _collectible(cutoff: datetime):
+    unreferenced = ~exists().where(ManifestChunkRow.chunk == ChunkRow.id)
+    return (
+        ChunkRow.condemned_at.is_(None),
+        ChunkRow.last_referenced_at < cutoff,
+        unreferenced,
+    )
+
+
+def collectible_chunks(*, session: Session, cutoff: datetime, limit: int) -> list[str]:
+    """Chunk ids no manifest references and nothing touched since `cutoff`."""
+    return list(
+        session.scalars(
+            select(ChunkRow.id).where(*_collectible(cutoff)).order_by(ChunkRow.id).limit(limit)
+        )
+    )
+
+
+def condemn_chunks(
+    *, session: Session, ids: Sequence[str], cutoff: datetime, now: datetime, run_id: str
+) -> list[str]:
+    """Claim chunks for deletion, re-checking every condition in the UPDATE itself."""
+    if not ids:
+        return []
+    session.execute(
+        update(ChunkRow)
+        .where(ChunkRow.id.in_(sorted(ids)), *_collectible(cutoff))
+        .values(condemned_at=now, condemned_by=run_id)
+    )
+    return list(
+        session.scalars(
+            select(ChunkRow.id)
+            .where(ChunkRow.id.in_(sorted(ids)), ChunkRow.condemned_by == run_id)
+            .order_by(ChunkRow.id)
+        )
+    )
+
+
+def adopt_abandoned(
+    *, session: Session, cutoff: datetime, now: datetime, run_id: str, limit: int
+) -> list[str]:
+    """Take over chunks condemned before `cutoff` by a collector presumed dead."""
+    ids = list(
+        session.scalars(
+            select(ChunkRow.id)
+            .where(ChunkRow.condemned_at < cutoff)
+            .order_by(ChunkRow.id)
+            .limit(limit)
+        )
+    )
+    if not ids:
+        return []
+    session.execute(
+        update(ChunkRow)
+        .where(ChunkRow.id.in_(ids), ChunkRow.condemned_at < cutoff)
+        .values(condemned_at=now, condemned_by=run_id)
+    )
+    return list(
+        session.scalars(
+            select(ChunkRow.id).where(ChunkRow.id.in_(ids), ChunkRow.condemned_by == run_id)
+        )
+    )
+
+
+def delete_condemned(*, session: Session, ids: Sequence[str], run_id: str) -> int:
+    """Delete the rows of chunks this run condemned (after their objects are gone)."""
+    if not ids:
+        return 0
+    result = session.execute(
+        delete(ChunkRow).where(ChunkRow.id.in_(sorted(ids)), ChunkRow.condemned_by == run_id)
+    )
+    return result.rowcount
+
+
+def _insert(session: Session, table: Any):
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    elif dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+    else:  # pragma: no cover - the catalog supports these two
+        raise NotImplementedError(f"catalog upserts support sqlite and postgresql, not {dialect}")
+    return insert(table)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,300 @@
+"""Slots: a fixed number of sessions over one loaded model.
+
+- Engine: one LoadedModel, its alignment A, and `num_slots` slots.
+- Slot: one session — its mlx-lm cache (one cache object per layer), its token history
+  (every token that went through the model, in order) and its last logits (the row of the
+  final position after the last forward). The logits are *witnessed*: they came from a
+  forward over exactly this history; a slot without them (fresh, or restored from a
+  logit-less ancestor) must prefill before it can decode.
+- SlotState: the three together. A slot holds one SlotState reference; restore swaps in a
+  new one with a single assignment, so no reader ever sees a half-installed state.
+- aligned prefill: tokens go through the model in steps that end on absolute multiples of
+  A (first up to the next multiple, then whole A-sized steps, then the remainder), so an
+  aligned cut restored and prefilled to the end computes exactly what a cold run computes.
+- Sampling: greedy (temperature 0) or seeded temperature/top-p with an explicit key chain.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import mlx.core as mx
+
+from engine.errors import EmptySlot, InvalidRequest, LogitsMissing
+from engine.layout import KVLayout, dtype_name
+
+FinishReason = Literal["stop", "length", "cancelled"]
+Cancel = threading.Event | Callable[[], bool] | None
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """temperature 0 is greedy; otherwise top-p sampling keyed by `seed` (same seed, same draw)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0.0:
+            raise InvalidRequest("temperature", f"must be >= 0, got {self.temperature!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidRequest("top_p", f"must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
+            raise InvalidRequest("seed", f"must be an int in [0, 2**64), got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+GREEDY = Sampling()
+
+
+@dataclass
+class Generation:
+    """What one generate call produced. `stop_token` is the stop token drawn, if any
+    (reported, not fed through the model, so it is not part of the slot's history)."""
+
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: FinishReason = "length"
+    stop_token: int | None = None
+
+
+@dataclass
+class SlotState:
+    """cache, history and witnessed logits of one session; `logits` None = not witnessed.
+
+    `cold` says the state is exactly what a cold aligned prefill of `tokens` computes: only
+    such states may be published as cuts. Decoding ends it (a decoded token's K/V differ in
+    the last bits from the same token prefilled), and so does prefilling on from a
+    non-aligned depth (a cold run would have taken that block in one step)."""
+
+    cache: list[Any]
+    tokens: list[int]
+    logits: mx.array | None
+    cold: bool = True
+
+
+def aligned_steps(start: int, end: int, alignment: int) -> Iterator[tuple[int, int]]:
+    """(lo, hi) steps from `start` to `end` whose ends fall on absolute multiples of A."""
+    lo = start
+    while lo < end:
+        hi = min(end, (lo // alignment + 1) * alignment)
+        yield lo, hi
+        lo = hi
+
+
+def cache_arrays(cache: Sequence[Any]) -> list[mx.array]:
+    return [a for c in cache if c.keys is not None for a in (c.keys, c.values)]
+
+
+class Slot:
+    """One session of an Engine. Operations hold the slot's lock, so a restore never
+    interleaves with a decode step of the same slot."""
+
+    def __init__(self, engine: Engine, index: int) -> None:
+        self.engine = engine
+        self.index = index
+        self.lock = threading.RLock()
+        self._state = engine.fresh_state()
+
+    # -- reading -------------------------------------------------------------------------
+    @property
+    def state(self) -> SlotState:
+        return self._state
+
+    @property
+    def depth(self) -> int:
+        return len(self._state.tokens)
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        return tuple(self._state.tokens)
+
+    @property
+    def logits(self) -> mx.array | None:
+        return self._state.logits
+
+    @property
+    def logits_witnessed(self) -> bool:
+        return self._state.logits is not None
+
+    @property
+    def cold(self) -> bool:
+        return self._state.cold
+
+    # -- the swap ------------------------------------------------------------------------
+    def commit(self, state: SlotState) -> None:
+        """Install a fully prepared state: one reference assignment, which cannot fail."""
+        self._state = state
+
+    def reset(self) -> None:
+        with self.lock:
+            self._state = self.engine.fresh_state()
+
+    # -- compute -------------------------------------------------------------------------
+    def prefill(
+        self,
+        tokens: Sequence[int],
+        *,
+        on_boundary: Callable[[int], None] | None = None,
+        cancel: Cancel = None,
+    ) -> int:
+        """Append `tokens` to the history in absolute A-aligned steps; returns the depth.
+
+        `on_boundary(depth)` runs after every step that ends on a multiple of A, with the
+        slot consistent at that depth (the moment to snapshot an aligned cut). `cancel`
+        is checked between steps."""
+        tokens = self.engine.check_tokens(tokens)
+        with self.lock:
+            start = self.depth
+            for lo, hi in aligned_steps(start, start + len(tokens), self.engine.alignment):
+                if _cancelled(cancel):
+                    break
+                if lo % self.engine.alignment:
+                    self._state.cold = False
+                self._forward(tokens[lo - start : hi - start])
+                if on_boundary is not None and hi % self.engine.alignment == 0:
+                    on_boundary(hi)
+            return self.depth
+
+    def generate(
+        self,
+        *,
+        max_tokens: int,
+        sampling: Sampling = GREEDY,
+        stop: Iterable[int] = (),
+        on_token: Callable[[int], None] | None = None,
+        cancel: Cancel = None,
+    ) -> Generation:
+        """Decode up to `max_tokens` tokens from the witnessed logits.
+
+        A drawn stop token (eos or one of `stop`) ends the generation and is not fed;
+        every other token is streamed to `on_token`, then fed, so afterwards the history
+        holds it and the logits stay witnessed. `cancel` is checked before each token."""
+        if not isinstance(max_tokens, int) or max_tokens < 0:
+            raise InvalidRequest("max_tokens", f"must be an int >= 0, got {max_tokens!r}")
+        stops = frozenset(self.engine.stop_tokens) | frozenset(self.engine.check_tokens(stop))
+        out = Generation()
+        with self.lock:
+            if self._state.logits is None:
+                if not self._state.tokens:
+                    raise EmptySlot(self.index, "decode")
+                raise LogitsMissing(self.depth)
+            key = None if sampling.greedy else mx.random.key(sampling.seed)
+            for _ in range(max_tokens):
+                if _cancelled(cancel):
+                    out.finish_reason = "cancelled"
+                    return out
+                if key is None:
+                    token = int(mx.argmax(self._state.logits).item())
+                else:
+                    key, sub = mx.random.split(key)
+                    token = _sample(self._state.logits, sampling, sub)
+                if token in stops:
+                    out.finish_reason, out.stop_token = "stop", token
+                    return out
+                out.tokens.append(token)
+                if on_token is not None:
+                    on_token(token)
+                self._state.cold = False
+                self._forward([token])
+            out.finish_reason = "length"
+            return out
+
+    def _forward(self, tokens: Sequence[int]) -> None:
+        """One forward over `tokens`; on any failure mid-way the slot is reset, because
+        some layers' caches may already hold the step (never leave a partial state)."""
+        state = self._state
+        try:
+            out = self.engine.model(mx.array(tokens, dtype=mx.int32)[None], cache=state.cache)
+            logits = out[0, -1]
+            mx.eval(logits, cache_arrays(state.cache))
+        except BaseException:
+            self._state = self.engine.fresh_state()
+            raise
+        state.tokens.extend(tokens)
+        state.logits = logits
+
+
+def _cancelled(cancel: Cancel) -> bool:
+    if cancel is None:
+        return False
+    if isinstance(cancel, threading.Event):
+        return cancel.is_set()
+    return bool(cancel())
+
+
+def _sample(logits: mx.array, sampling: Sampling, key: mx.array) -> int:
+    logprobs = logits.astype(mx.float32)
+    logprobs = logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
+    if sampling.top_p < 1.0:
+        # Nucleus: keep the most likely tokens whose mass reaches top_p (as mlx-lm does).
+        ordered = mx.sort(logprobs, axis=-1)
+        probs = mx.exp(ordered)
+        above = mx.cumsum(probs, axis=-1, reverse=True, inclusive=False)
+        dropped = (above >= sampling.top_p).sum(axis=-1, keepdims=True)
+        threshold = mx.take_along_axis(ordered, dropped, axis=-1)
+        logprobs = mx.where(logprobs < threshold, -mx.inf, logprobs)
+    token = mx.random.categorical(logprobs * (1.0 / sampling.temperature), key=key)
+    return int(token.item())
+
+
+class Engine:
+    """One model, alignment A and a fixed number of slots.
+
+    At start one probe forward learns what the layout cannot say: the vocabulary size and
+    dtype of the logits, and that the caches hold the layout's dtype."""
+
+    def __init__(self, loaded: Any, *, num_slots: int, alignment: int | None = None) -> None:
+        if alignment is None:
+            alignment = loaded.alignment
+        if alignment != loaded.alignment:
+            # The alignment is part of the identity; planes cut at another A are not ours.
+            raise InvalidRequest(
+                "alignment", f"{alignment} differs from the model's identity ({loaded.alignment})"
+            )
+        if not isinstance(num_slots, int) or num_slots < 1:
+            raise InvalidRequest("num_slots", f"must be an int >= 1, got {num_slots!r}")
+        self.loaded = loaded
+        self.model = loaded.model
+        self.alignment: int = alignment
+        self.layout: KVLayout = loaded.layout
+        self.identity = loaded.identity
+        self.vocab_size, self.logits_dtype = self._probe()
+        self.stop_tokens = frozenset(loaded.tokenizer.eos_token_ids)
+        self.slots = tuple(Slot(self, i) for i in range(num_slots))
+
+    def slot(self, index: int) -> Slot:
+        if not 0 <= index < len(self.slots):
+            raise InvalidRequest("slot", f"no slot {index} (engine has {len(self.slots)})")
+        return self.slots[index]
+
+    def fresh_state(self) -> SlotState:
+        return SlotState(cache=self.loaded.make_cache(), tokens=[], logits=None)
+
+    def check_tokens(self, tokens: Iterable[int]) -> list[int]:
+        out = [int(t) for t in tokens]
+        bad = [t for t in out if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequest("tokens", f"ids outside [0, {self.vocab_size}): {bad[:5]}")
+        return out
+
+    def _probe(self) -> tuple[int, mx.Dtype]:
+        cache = self.loaded.make_cache()
+        if len(cache) != self.layout.num_layers:
+            raise InvalidRequest(
+                "model", f"{len(cache)} caches for {self.layout.num_layers} layout layers"
+            )
+        logits = self.model(mx.array([[0]], dtype=mx.int32), cache=cache)[0, -1]
+        mx.eval(logits, cache_arrays(cache))
+        for i, c in enumerate(cache):
+            if dtype_name(c.keys.dtype) != self.layout.dtype:
+                raise InvalidRequest(
+                    "model", f"layer {i} caches {c.keys.dtype}, layout says {self.layout.dtype}"
+                )
+        return int(logits.shape[-1]), logits.dtype

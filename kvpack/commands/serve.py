@@ -1,0 +1,150 @@
+"""`kvpack serve`: an OpenAI-compatible server whose prompt cache is the vault.
+
+With no flags it runs the embedded default (SQLite and a local directory under the
+data dir, the demo model). Storage comes from flags, else KVPACK_* environment
+variables, else the TOML file named by --config / KVPACK_CONFIG (see kvpack/config.py);
+S3 endpoint and credentials from flags, else AWS_ENDPOINT_URL / AWS_ACCESS_KEY_ID /
+AWS_SECRET_ACCESS_KEY. When it listens it prints one line starting with READY, which
+`kvpack bench` waits for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import signal
+from urllib.parse import urlsplit
+
+from sqlalchemy.engine import make_url
+
+from cas.s3 import S3Config
+from kvpack.config import ConfigError, Settings
+
+READY = "kvpack serve: ready at "
+STORAGE_FLAGS = {  # flag -> Settings field
+    "--data-dir": "data_dir",
+    "--store-url": "store_url",
+    "--database-url": "database_url",
+    "--namespace": "namespace",
+    "--alignment": "alignment",
+}
+S3_FLAGS = {  # flag -> S3Config field
+    "--s3-endpoint": "endpoint_url",
+    "--s3-region": "region",
+    "--s3-access-key": "access_key",
+    "--s3-secret-key": "secret_key",
+}
+
+
+def add_storage_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags that say where the vault lives (shared with `kvpack bench`)."""
+    p.add_argument("--config", help="TOML settings file (default: $KVPACK_CONFIG)")
+    p.add_argument("--data-dir", help="data dir (default ~/.kvpack, or $KVPACK_DATA_DIR)")
+    p.add_argument("--store-url", help="object store: file:///dir or s3://bucket/prefix")
+    p.add_argument("--database-url", help="catalog SQLAlchemy URL (sqlite:/// or postgresql://)")
+    p.add_argument("--namespace", help="tenant namespace (identity salt)")
+    p.add_argument("--alignment", type=int, help="token alignment A (default 256)")
+    p.add_argument("--s3-endpoint", help="S3 endpoint URL (MinIO, SeaweedFS, ...)")
+    p.add_argument("--s3-region", help="S3 region (default us-east-1)")
+    p.add_argument("--s3-access-key", help="S3 access key id")
+    p.add_argument("--s3-secret-key", help="S3 secret key")
+
+
+def storage_argv(args: argparse.Namespace, **replace: str) -> list[str]:
+    """The storage flags of `args` again, as a child process's argv (with `replace`)."""
+    out = []
+    for flag in ("--config", *STORAGE_FLAGS, *S3_FLAGS):
+        name = flag[2:].replace("-", "_")
+        value = replace.get(name, getattr(args, name, None))
+        if value is not None:
+            out += [flag, str(value)]
+    return out
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    overrides = {field: getattr(args, field) for field in STORAGE_FLAGS.values()}
+    return Settings.load(config_file=args.config, **overrides)
+
+
+def s3_from_args(args: argparse.Namespace, store_url: str) -> S3Config | None:
+    """An S3Config for an s3:// store (flags over the environment); None otherwise."""
+    parts = urlsplit(store_url)
+    if parts.scheme != "s3" or not parts.netloc:
+        return None
+    config = S3Config.from_env(parts.netloc, parts.path.lstrip("/"))
+    given = {field: getattr(args, flag[2:].replace("-", "_")) for flag, field in S3_FLAGS.items()}
+    return dataclasses.replace(config, **{k: v for k, v in given.items() if v is not None})
+
+
+def redacted(database_url: str) -> str:
+    return make_url(database_url).render_as_string(hide_password=True)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="serve an OpenAI-compatible API backed by the vault")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    p.add_argument("--model", default="smollm2", help="tiny | smollm2 | model dir | .gguf")
+    p.add_argument("--slots", type=int, default=1, help="engine slots per tenant")
+    p.add_argument("--max-tokens", type=int, default=4096, help="ceiling on one completion")
+    p.add_argument("--context-length", type=int, help="default: the model's configuration")
+    p.add_argument("--resident-budget-mib", type=int, help="resident tier byte budget (MiB)")
+    add_storage_arguments(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.errors import InvalidRequest
+    from engine.models import ModelLoadError
+    from kvpack.service import Service
+
+    try:
+        settings = settings_from_args(args)
+        s3 = s3_from_args(args, settings.store_url)
+    except (ConfigError, ValueError) as e:
+        print(f"kvpack serve: {e}")
+        return 2
+    options = {}
+    if args.resident_budget_mib is not None:
+        options["resident_budget_bytes"] = args.resident_budget_mib * 1024 * 1024
+    print(f"kvpack serve: loading {args.model} ...", flush=True)
+    try:
+        service = Service.open(settings, model=args.model, num_slots=args.slots, s3=s3, **options)
+    except (ModelLoadError, InvalidRequest) as e:
+        print(f"kvpack serve: {e}")
+        return 2
+    try:
+        asyncio.run(_serve(service, settings, args))
+    finally:
+        service.close()
+    return 0
+
+
+async def _serve(service, settings: Settings, args: argparse.Namespace) -> None:
+    from kvpack.server import make_app, start
+
+    app = make_app(
+        service,
+        namespace=settings.namespace,
+        context_length=args.context_length,
+        max_tokens=args.max_tokens,
+    )
+    runner, url = await start(app, host=args.host, port=args.port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):  # not on Windows
+            loop.add_signal_handler(sig, stop.set)
+    loaded = service.loaded
+    print(f"kvpack serve: model {loaded.name} ({loaded.num_params:,} parameters), "
+          f"identity {loaded.identity.hex[:16]}, namespace {settings.namespace}")  # fmt: skip
+    print(f"kvpack serve: data dir {settings.data_dir}")
+    print(f"kvpack serve: store {settings.store_url}, catalog {redacted(settings.database_url)}")
+    print(f"{READY}{url}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        print("kvpack serve: stopping", flush=True)
+        await runner.cleanup()

@@ -1,0 +1,72 @@
+"""Alembic environment: metadata from catalog.models, URL from settings (see __init__)."""
+
+from __future__ import annotations
+
+from logging.config import fileConfig
+
+from alembic import context
+from sqlalchemy import Connection
+
+from catalog.models import UTCDateTime
+from catalog.models import metadata as target_metadata
+from kvpack.config import Settings, make_engine, normalize_database_url
+
+config = context.config
+if config.config_file_name is not None and config.attributes.get("configure_logging", True):
+    fileConfig(config.config_file_name, disable_existing_loggers=False)
+
+
+def database_url() -> str:
+    url = config.attributes.get("database_url") or config.get_main_option("sqlalchemy.url")
+    return normalize_database_url(url) if url else Settings.load().database_url
+
+
+def render_item(type_: str, obj: object, autogen_context: object) -> str | bool:
+    # Revisions import only op and sa: our UTC decorator is a plain timezone-aware DateTime.
+    if type_ == "type" and isinstance(obj, UTCDateTime):
+        return "sa.DateTime(timezone=True)"
+    return False
+
+
+def configure(connection: Connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        # SQLite cannot ALTER most things in place; batch mode copies the table.
+        render_as_batch=connection.dialect.name == "sqlite",
+        compare_type=True,
+        render_item=render_item,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_offline() -> None:
+    url = database_url()
+    context.configure(
+        url=url,
+        target_metadata=target_metadata,
+        literal_binds=True,
+        render_as_batch=url.startswith("sqlite"),
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_online() -> None:
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        configure(connection)
+        return
+    engine = make_engine(database_url())
+    try:
+        with engine.connect() as connection:
+            configure(connection)
+    finally:
+        engine.dispose()
+
+
+if context.is_offline_mode():
+    run_offline()
+else:
+    run_online()

@@ -1,0 +1,86 @@
+"""Fault-injecting wrappers around a real ObjectStore (restic style).
+
+Each wrapper delegates to the real backend and breaks exactly one thing on the
+read path; tests name the branch they expect the fault to reach.
+"""
+
+from __future__ import annotations
+
+from cas.errors import ObjectMissing
+from cas.store import ObjectInfo, ObjectStore
+
+
+class Wrapper:
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+
+    async def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        return await self.inner.put_if_absent(key, data)
+
+    async def get(self, key: str) -> bytes:
+        return await self.inner.get(key)
+
+    async def get_into(self, key: str, out: memoryview) -> int:
+        return await self.inner.get_into(key, out)
+
+    async def stat(self, key: str) -> ObjectInfo:
+        return await self.inner.stat(key)
+
+    async def delete(self, key: str) -> None:
+        await self.inner.delete(key)
+
+    async def list_keys(self, prefix: str) -> list[str]:
+        return await self.inner.list_keys(prefix)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class FlipByte(Wrapper):
+    """Reads come back with one bit flipped at `at` (negative counts from the end)."""
+
+    def __init__(self, inner: ObjectStore, at: int = -1, *, only: str | None = None) -> None:
+        super().__init__(inner)
+        self.at, self.only = at, only
+
+    def _hit(self, key: str) -> bool:
+        return self.only is None or key == self.only
+
+    async def get(self, key: str) -> bytes:
+        data = bytearray(await self.inner.get(key))
+        if self._hit(key):
+            data[self.at] ^= 0x01
+        return bytes(data)
+
+    async def get_into(self, key: str, out: memoryview) -> int:
+        n = await self.inner.get_into(key, out)
+        if self._hit(key):
+            out[self.at % n] ^= 0x01
+        return n
+
+
+class Truncate(Wrapper):
+    """Reads lose their last `drop` bytes."""
+
+    def __init__(self, inner: ObjectStore, drop: int = 1) -> None:
+        super().__init__(inner)
+        self.drop = drop
+
+    async def get(self, key: str) -> bytes:
+        return (await self.inner.get(key))[: -self.drop]
+
+    async def get_into(self, key: str, out: memoryview) -> int:
+        return max(0, await self.inner.get_into(key, out) - self.drop)
+
+
+class Missing(Wrapper):
+    """Every read says the object is gone."""
+
+    async def get(self, key: str) -> bytes:
+        raise ObjectMissing(key)
+
+    async def get_into(self, key: str, out: memoryview) -> int:
+        raise ObjectMissing(key)
+
+    async def stat(self, key: str) -> ObjectInfo:
+        raise ObjectMissing(key)

@@ -1,0 +1,322 @@
+"""publish / load_cut on {SQLite, PostgreSQL} x {local directory, S3}."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from cas.chunks import ChunkStore
+from cas.errors import ChunkCorrupt
+from cas.local import LocalDirStore
+from catalog.errors import CutMissing, IdentityMismatch, ManifestInvalid, StaleGeneration
+from catalog.manifest import Manifest, open_manifest, seal_manifest
+from catalog.models import ChunkRow, ManifestChunkRow, ManifestRow
+from catalog.publish import load_cut
+from tests.catalog.helpers import ALICE, BOB, do_publish, find, payloads, tokens
+
+
+def count(engine, model) -> int:
+    with Session(engine) as s:
+        return s.scalar(select(func.count()).select_from(model))
+
+
+async def keys(store: ChunkStore, kind: str) -> list[str]:
+    return await store.objects.list_keys(f"{kind}/")
+
+
+def test_publish_then_find_and_load(aio, chunk_store, db_engine):
+    """Happy path: the published cut is found and loads verified, planes in order."""
+    h, planes = tokens(1, 300), payloads(1)
+    m = aio.run(do_publish(chunk_store, db_engine, h, planes))
+    assert (m.depth, m.aligned, m.logits_witnessed) == (300, False, True)
+    cut = find(db_engine, h)
+    assert cut.manifest_id == m.id and cut.exact and cut.bytes == sum(len(p) for _, p in planes)
+    loaded = aio.run(
+        load_cut(
+            chunks=chunk_store, db=db_engine, keyring=chunk_store.keyring, cut=cut, identity=ALICE
+        )
+    )
+    assert loaded.manifest == m
+    assert [(r, bytes(v)) for r, v in loaded.planes] == planes
+    with Session(db_engine) as s:
+        rows = s.execute(select(ManifestChunkRow.role).order_by(ManifestChunkRow.ordinal)).all()
+        assert [r.role for r in rows] == [r for r, _ in planes]
+
+
+def test_load_cut_accepts_a_session(aio, chunk_store, db_engine):
+    """load_cut(db=Session) reads through the caller's session without committing."""
+    h = tokens(2, 256)
+    aio.run(do_publish(chunk_store, db_engine, h, payloads(2)))
+    cut = find(db_engine, h)
+    with Session(db_engine) as s:
+        loaded = aio.run(
+            load_cut(chunks=chunk_store, db=s, keyring=chunk_store.keyring, cut=cut, identity=ALICE)
+        )
+    assert loaded.manifest.depth == 256 and loaded.manifest.aligned
+
+
+def test_same_history_twice_is_one_manifest(aio, chunk_store, db_engine):
+    """Idempotency: a second publish returns the first manifest; nothing new is written."""
+    h = tokens(3, 512)
+    first = aio.run(do_publish(chunk_store, db_engine, h, payloads(3)))
+    second = aio.run(do_publish(chunk_store, db_engine, h, payloads(3)))
+    assert second == first  # same id, same generation: the stored one
+    assert count(db_engine, ManifestRow) == 1
+    assert len(aio.run(keys(chunk_store, "manifests"))) == 1
+
+
+def test_equal_chunks_are_stored_once_across_histories(aio, chunk_store, db_engine):
+    """Dedup: two histories sharing a plane store that chunk once (one row, one object)."""
+    shared = payloads(4, n=1)
+    aio.run(do_publish(chunk_store, db_engine, tokens(4, 256), shared + payloads(5, n=1)))
+    aio.run(do_publish(chunk_store, db_engine, tokens(5, 256), shared + payloads(6, n=1)))
+    assert count(db_engine, ChunkRow) == 3
+    assert len(aio.run(keys(chunk_store, "chunks"))) == 3
+
+
+def test_eight_concurrent_publishers_asyncio(aio, chunk_store, db_engine):
+    """Race: 8 tasks publish the same chunks and history -> all succeed, one manifest,
+    one copy of each chunk, one manifest object (losers remove theirs)."""
+    h, planes = tokens(6, 700), payloads(6, n=4)
+
+    async def race():
+        return await asyncio.gather(
+            *(do_publish(chunk_store, db_engine, h, planes) for _ in range(8))
+        )
+
+    results = aio.run(race())
+    assert len({(m.id, m.generation) for m in results}) == 1
+    assert count(db_engine, ManifestRow) == 1
+    assert count(db_engine, ChunkRow) == 4
+    assert len(aio.run(keys(chunk_store, "chunks"))) == 4
+    assert len(aio.run(keys(chunk_store, "manifests"))) == 1
+
+
+def test_eight_concurrent_publishers_threads(db_engine, tmp_path, keyring):
+    """Race across threads (own event loop and store handle each, one directory and
+    database): all succeed with the same manifest, one copy of everything."""
+    h, planes = tokens(7, 600), payloads(7, n=3)
+    results: list[Manifest] = []
+    errors: list[BaseException] = []
+    everyone_reserved = threading.Barrier(8, timeout=30)
+
+    async def point(name: str) -> None:
+        if name == "reserved":  # all 8 are past the idempotency fast path
+            await asyncio.to_thread(everyone_reserved.wait)
+
+    def worker():
+        store = ChunkStore(LocalDirStore(tmp_path / "objects"), keyring, namespace="test")
+        try:
+            results.append(asyncio.run(do_publish(store, db_engine, h, planes, checkpoint=point)))
+        except BaseException as e:  # reported below with the others
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert len(results) == 8 and len({(m.id, m.generation) for m in results}) == 1
+    assert count(db_engine, ManifestRow) == 1
+    store = ChunkStore(LocalDirStore(tmp_path / "objects"), keyring, namespace="test")
+    assert len(asyncio.run(keys(store, "chunks"))) == 3
+    assert len(asyncio.run(keys(store, "manifests"))) == 1
+
+
+def test_load_under_another_identity_is_refused(aio, chunk_store, db_engine):
+    """Invariant 1: a cut loaded under another identity -> IdentityMismatch, nothing returned."""
+    h = tokens(8, 256)
+    aio.run(do_publish(chunk_store, db_engine, h, payloads(8)))
+    cut = find(db_engine, h)
+    with pytest.raises(IdentityMismatch) as e:
+        aio.run(
+            load_cut(
+                chunks=chunk_store, db=db_engine, keyring=chunk_store.keyring, cut=cut, identity=BOB
+            )
+        )
+    assert e.value.expected == BOB and e.value.got == ALICE
+
+
+async def replace_object(store: ChunkStore, key: str, data: bytes) -> None:
+    await store.objects.delete(key)
+    assert await store.objects.put_if_absent(key, data)
+
+
+def test_tampered_manifest_object_is_refused(aio, chunk_store, db_engine):
+    """Fault: a flipped bit in the stored manifest -> ManifestInvalid, nothing returned."""
+    h = tokens(9, 256)
+    aio.run(do_publish(chunk_store, db_engine, h, payloads(9)))
+    cut = find(db_engine, h)
+    data = bytearray(aio.run(chunk_store.objects.get(cut.object_key)))
+    data[-3] ^= 0x04
+    aio.run(replace_object(chunk_store, cut.object_key, bytes(data)))
+    with pytest.raises(ManifestInvalid):
+        aio.run(
+            load_cut(
+                chunks=chunk_store,
+                db=db_engine,
+                keyring=chunk_store.keyring,
+                cut=cut,
+                identity=ALICE,
+            )
+        )
+
+
+def test_manifest_sealed_by_another_vault_is_refused(aio, chunk_store, db_engine, keyring):
+    """Fault: a manifest MAC'd by an unknown key (a foreign vault) -> ManifestInvalid."""
+    from cas.keys import Keyring
+
+    h = tokens(10, 256)
+    m = aio.run(do_publish(chunk_store, db_engine, h, payloads(10)))
+    cut = find(db_engine, h)
+    aio.run(
+        replace_object(chunk_store, cut.object_key, seal_manifest(m, Keyring.generate().rotate()))
+    )
+    with pytest.raises(ManifestInvalid, match="unknown key"):
+        aio.run(
+            load_cut(
+                chunks=chunk_store,
+                db=db_engine,
+                keyring=chunk_store.keyring,
+                cut=cut,
+                identity=ALICE,
+            )
+        )
+
+
+def test_replayed_older_generation_is_refused(aio, chunk_store, db_engine):
+    """Invariant 10: an authentic manifest of an older generation in place of the current
+    one -> StaleGeneration."""
+    h = tokens(11, 256)
+    m = aio.run(do_publish(chunk_store, db_engine, h, payloads(11)))
+    cut = find(db_engine, h)
+    older = Manifest(
+        **{**{f: getattr(m, f) for f in m.__dataclass_fields__}, "generation": m.generation - 1}
+    )
+    aio.run(replace_object(chunk_store, cut.object_key, seal_manifest(older, chunk_store.keyring)))
+    with pytest.raises(StaleGeneration) as e:
+        aio.run(
+            load_cut(
+                chunks=chunk_store,
+                db=db_engine,
+                keyring=chunk_store.keyring,
+                cut=cut,
+                identity=ALICE,
+            )
+        )
+    assert (e.value.expected, e.value.got) == (m.generation, m.generation - 1)
+
+
+def test_manifest_of_another_cut_under_this_key_is_refused(aio, chunk_store, db_engine):
+    """Fault: an authentic manifest of a different cut swapped in -> ManifestInvalid."""
+    h = tokens(12, 600)
+    aio.run(do_publish(chunk_store, db_engine, h[:512], payloads(12)))
+    other = aio.run(do_publish(chunk_store, db_engine, h[:256], payloads(13)))
+    cut = find(db_engine, h[:512])
+    assert cut.depth == 512
+    aio.run(replace_object(chunk_store, cut.object_key, seal_manifest(other, chunk_store.keyring)))
+    with pytest.raises(ManifestInvalid, match="does not match"):
+        aio.run(
+            load_cut(
+                chunks=chunk_store,
+                db=db_engine,
+                keyring=chunk_store.keyring,
+                cut=cut,
+                identity=ALICE,
+            )
+        )
+
+
+def test_corrupt_chunk_returns_nothing(aio, chunk_store, db_engine):
+    """Fault: a damaged chunk under a valid manifest -> ChunkCorrupt, no planes returned."""
+    h = tokens(14, 256)
+    m = aio.run(do_publish(chunk_store, db_engine, h, payloads(14)))
+    key = chunk_store.key(m.planes[1].chunk_id)
+    data = bytearray(aio.run(chunk_store.objects.get(key)))
+    data[len(data) // 2] ^= 0x01
+    aio.run(replace_object(chunk_store, key, bytes(data)))
+    with pytest.raises(ChunkCorrupt):
+        aio.run(
+            load_cut(
+                chunks=chunk_store,
+                db=db_engine,
+                keyring=chunk_store.keyring,
+                cut=find(db_engine, h),
+                identity=ALICE,
+            )
+        )
+
+
+def test_missing_manifest_object_is_a_cut_missing(aio, chunk_store, db_engine):
+    """Fault: the manifest object is gone -> CutMissing (a miss, never partial state)."""
+    h = tokens(15, 256)
+    aio.run(do_publish(chunk_store, db_engine, h, payloads(15)))
+    cut = find(db_engine, h)
+    aio.run(chunk_store.objects.delete(cut.object_key))
+    with pytest.raises(CutMissing):
+        aio.run(
+            load_cut(
+                chunks=chunk_store,
+                db=db_engine,
+                keyring=chunk_store.keyring,
+                cut=cut,
+                identity=ALICE,
+            )
+        )
+
+
+def test_manifest_object_is_sealed_with_the_vault_key(aio, chunk_store, db_engine):
+    """What publish stores opens with the vault keyring and matches the catalog row."""
+    h = tokens(16, 300)
+    m = aio.run(do_publish(chunk_store, db_engine, h, payloads(16)))
+    cut = find(db_engine, h)
+    assert open_manifest(aio.run(chunk_store.objects.get(cut.object_key)), chunk_store.keyring) == m
+    assert cut.object_key.startswith(f"manifests/{ALICE.hex()}/{m.id}-")
+
+
+def test_empty_history_is_refused(aio, chunk_store, db_engine):
+    """Bad input: publishing zero tokens -> ValueError."""
+    with pytest.raises(ValueError, match="empty history"):
+        aio.run(do_publish(chunk_store, db_engine, [], payloads(17)))
+
+
+def test_generations_increase_strictly_and_never_wrap(monkeypatch):
+    """next_generation: strictly increasing even if the clock stalls or steps back;
+    past 2**63-1 it raises GenerationExhausted instead of wrapping."""
+    from catalog import publish as publish_module
+    from catalog.errors import GenerationExhausted
+
+    clock = iter([10**18, 10**18, 10**18 - 5])
+    monkeypatch.setattr(publish_module, "_last_generation", 0)
+    monkeypatch.setattr(publish_module.time, "time_ns", lambda: next(clock))
+    assert [publish_module.next_generation() for _ in range(3)] == [
+        10**18,
+        10**18 + 1,
+        10**18 + 2,
+    ]
+    monkeypatch.setattr(publish_module.time, "time_ns", lambda: 2**63)
+    with pytest.raises(GenerationExhausted):
+        publish_module.next_generation()
+
+
+def test_repeated_planes_share_one_chunk(aio, chunk_store, db_engine):
+    """Two planes with equal bytes are one chunk (stored once) and both load back."""
+    same = b"\x00" * 256
+    h = tokens(18, 256)
+    aio.run(do_publish(chunk_store, db_engine, h, [("k", same), ("v", same), ("x", b"x")]))
+    assert count(db_engine, ChunkRow) == 2
+    loaded = aio.run(
+        load_cut(
+            chunks=chunk_store,
+            db=db_engine,
+            keyring=chunk_store.keyring,
+            cut=find(db_engine, h),
+            identity=ALICE,
+        )
+    )
+    assert [(r, bytes(v)) for r, v in loaded.planes] == [("k", same), ("v", same), ("x", b"x")]

@@ -1,0 +1,143 @@
+"""find_deepest and friends, on SQLite and PostgreSQL (savepoint per test)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import event
+
+from catalog import queries
+from catalog.chain import token_chain
+from catalog.models import ManifestRow
+from tests.catalog.helpers import A, add_cut, identity, tokens
+
+ALICE = identity("alice")
+BOB = identity("bob")
+
+
+def deepest(session, ident, history, **kw):
+    return queries.find_deepest(
+        session=session, identity=ident, chain=token_chain(history, alignment=A), **kw
+    )
+
+
+def test_aligned_ancestors_serve_a_longer_prompt(db_session):
+    """Branch: no exact cut -> the deepest aligned ancestor (not exact)."""
+    h = tokens(1, 900)
+    add_cut(db_session, ident=ALICE, history=h, depth=256)
+    mid512 = add_cut(db_session, ident=ALICE, history=h, depth=512)
+    cut = deepest(db_session, ALICE, h[:700])
+    assert cut is not None
+    assert (cut.manifest_id, cut.depth, cut.aligned, cut.exact) == (mid512, 512, True, False)
+
+
+def test_deepest_sealed_cut_wins_including_the_exact_one(db_session):
+    """Branch: an exact non-aligned cut deeper than every ancestor wins, marked exact."""
+    h = tokens(2, 900)
+    for depth in (256, 512):
+        add_cut(db_session, ident=ALICE, history=h, depth=depth)
+    exact = add_cut(db_session, ident=ALICE, history=h, depth=700, logits=True, nbytes=7)
+    cut = deepest(db_session, ALICE, h[:700])
+    assert cut.manifest_id == exact and cut.exact and not cut.aligned
+    assert cut.logits_witnessed and cut.bytes == 7
+
+
+def test_non_aligned_cuts_match_only_exactly(db_session):
+    """Branch: a non-aligned cut is no ancestor: a longer prompt falls back to aligned ones."""
+    h = tokens(3, 900)
+    add_cut(db_session, ident=ALICE, history=h, depth=256)
+    add_cut(db_session, ident=ALICE, history=h, depth=300)
+    assert deepest(db_session, ALICE, h[:300]).depth == 300
+    assert deepest(db_session, ALICE, h[:301]).depth == 256
+    assert deepest(db_session, ALICE, h[:600]).depth == 256
+
+
+def test_only_a_non_aligned_cut_and_a_longer_prompt_is_a_miss(db_session):
+    """Branch: nothing aligned below the prompt -> None, even though a prefix was published."""
+    h = tokens(4, 400)
+    add_cut(db_session, ident=ALICE, history=h, depth=200)
+    assert deepest(db_session, ALICE, h[:200]).exact
+    assert deepest(db_session, ALICE, h[:400]) is None
+
+
+def test_another_identity_is_unreachable(db_session):
+    """Invariant 1: the same tokens under another identity find nothing."""
+    h = tokens(5, 600)
+    add_cut(db_session, ident=ALICE, history=h, depth=512)
+    assert deepest(db_session, ALICE, h) is not None
+    assert deepest(db_session, BOB, h) is None
+
+
+def test_a_diverging_prompt_stops_at_the_last_shared_boundary(db_session):
+    """Chains differ after the first changed token: only earlier ancestors match."""
+    h = tokens(6, 800)
+    for depth in (256, 512, 768):
+        add_cut(db_session, ident=ALICE, history=h, depth=depth)
+    other = list(h)
+    other[400] += 1
+    assert deepest(db_session, ALICE, other).depth == 256
+    assert deepest(db_session, ALICE, h).depth == 768
+
+
+def test_max_depth_caps_the_answer(db_session):
+    """Branch: max_depth excludes deeper links (e.g. an exact cut without logits)."""
+    h = tokens(7, 600)
+    add_cut(db_session, ident=ALICE, history=h, depth=256)
+    add_cut(db_session, ident=ALICE, history=h, depth=512, logits=False)
+    assert deepest(db_session, ALICE, h[:512]).depth == 512
+    assert deepest(db_session, ALICE, h[:512], max_depth=511).depth == 256
+    assert deepest(db_session, ALICE, h[:512], max_depth=100) is None
+
+
+def test_empty_prompt_finds_nothing(db_session):
+    """Branch: no links -> None without a query."""
+    assert deepest(db_session, ALICE, []) is None
+
+
+def test_record_hit_sets_last_hit_at(db_session):
+    """record_hit stamps the row; an unknown id reports False."""
+    h = tokens(8, 300)
+    mid = add_cut(db_session, ident=ALICE, history=h, depth=256)
+    at = datetime(2030, 5, 6, 7, 8, 9, tzinfo=UTC)
+    assert queries.record_hit(session=db_session, manifest_id=mid, at=at)
+    db_session.expire_all()
+    assert db_session.get(ManifestRow, mid).last_hit_at == at
+    assert not queries.record_hit(session=db_session, manifest_id="0" * 32)
+
+
+def test_least_recently_hit_orders_never_hit_by_creation(db_session):
+    """GC order: coalesce(last hit, created): oldest use first."""
+    t0 = datetime(2030, 1, 1, tzinfo=UTC)
+    h = tokens(9, 1100)
+    m1 = add_cut(db_session, ident=ALICE, history=h, depth=256, at=t0)
+    m2 = add_cut(db_session, ident=ALICE, history=h, depth=512, at=t0 + timedelta(seconds=1))
+    m3 = add_cut(db_session, ident=ALICE, history=h, depth=768, at=t0 + timedelta(seconds=2))
+    queries.record_hit(session=db_session, manifest_id=m1, at=t0 + timedelta(seconds=5))
+    order = [mid for mid, _ in queries.least_recently_hit(session=db_session, limit=10)]
+    assert order.index(m2) < order.index(m3) < order.index(m1)
+
+
+def test_find_deepest_is_one_query_served_by_the_identity_chain_index(db_session):
+    """find_deepest issues exactly one statement, planned on ix_manifests_identity_chain
+    (PostgreSQL: with sequential scans disabled, as the tiny test table would prefer them)."""
+    h = tokens(10, 600)
+    add_cut(db_session, ident=ALICE, history=h, depth=512)
+    conn = db_session.connection()
+    seen = []
+
+    def capture(_conn, _cursor, statement, parameters, _context, _many):
+        seen.append((statement, parameters))
+
+    event.listen(conn, "before_cursor_execute", capture)
+    try:
+        assert deepest(db_session, ALICE, h).depth == 512
+    finally:
+        event.remove(conn, "before_cursor_execute", capture)
+    assert len(seen) == 1
+    statement, parameters = seen[0]
+    if conn.dialect.name == "sqlite":
+        plan = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters).all()
+    else:
+        conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+        plan = conn.exec_driver_sql(f"EXPLAIN {statement}", parameters).all()
+    assert "ix_manifests_identity_chain" in " ".join(str(r) for r in plan)

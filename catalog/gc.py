@@ -40,10 +40,9 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
@@ -51,9 +50,7 @@ from sqlalchemy.orm import Session
 from cas.chunks import ChunkStore
 from cas.ids import ChunkId
 from catalog import queries
-
-T = TypeVar("T")
-Checkpoint = Callable[[str], Awaitable[None]]
+from catalog.tx import Checkpoint, no_checkpoint, run_tx
 
 
 @dataclass
@@ -86,14 +83,14 @@ async def collect(
     now = now or datetime.now(UTC)
     cutoff = now - grace
     run_id = secrets.token_hex(8)
-    point = checkpoint or _no_checkpoint
+    point = checkpoint or no_checkpoint
     report = GcReport()
-    report.footprint_before = await _tx(db, lambda s: queries.referenced_bytes(session=s))
+    report.footprint_before = await run_tx(db, lambda s: queries.referenced_bytes(session=s))
 
     if budget_bytes is not None:
         await _evict(chunks, db, budget_bytes, now, report)
 
-    adopted = await _tx(
+    adopted = await run_tx(
         db,
         lambda s: queries.adopt_abandoned(
             session=s, cutoff=cutoff, now=now, run_id=run_id, limit=batch
@@ -107,13 +104,13 @@ async def collect(
             ids = queries.collectible_chunks(session=s, cutoff=cutoff, limit=batch)
             return queries.condemn_chunks(session=s, ids=ids, cutoff=cutoff, now=now, run_id=run_id)
 
-        condemned = await _tx(db, condemn)
+        condemned = await run_tx(db, condemn)
         if not condemned:
             break
         await point("condemned")
         await _reclaim(chunks, db, condemned, run_id, report, point)
 
-    report.footprint_after = await _tx(db, lambda s: queries.referenced_bytes(session=s))
+    report.footprint_after = await run_tx(db, lambda s: queries.referenced_bytes(session=s))
     return report
 
 
@@ -132,7 +129,7 @@ async def _evict(
             okey = queries.delete_manifest(session=s, manifest_id=mid, now=now)
             return (mid, okey, freed) if okey else None
 
-        victim = await _tx(db, evict_one)
+        victim = await run_tx(db, evict_one)
         if victim is None:
             return
         mid, okey, freed = victim
@@ -161,17 +158,5 @@ async def _reclaim(
     await asyncio.gather(*(drop(i) for i in ids))
     if point is not None:
         await point("objects_deleted")
-    await _tx(db, lambda s: queries.delete_condemned(session=s, ids=ids, run_id=run_id))
+    await run_tx(db, lambda s: queries.delete_condemned(session=s, ids=ids, run_id=run_id))
     report.deleted_chunks.extend(ids)
-
-
-async def _tx(db: Engine, fn: Callable[[Session], T]) -> T:
-    def work() -> T:
-        with Session(db, expire_on_commit=False) as session, session.begin():
-            return fn(session)
-
-    return await asyncio.to_thread(work)
-
-
-async def _no_checkpoint(_: str) -> None:
-    return None

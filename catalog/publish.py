@@ -33,10 +33,10 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
@@ -68,9 +68,8 @@ from catalog.manifest import (
 )
 from catalog.models import ManifestRow
 from catalog.queries import Cut
+from catalog.tx import Checkpoint, no_checkpoint, run_tx
 
-T = TypeVar("T")
-Checkpoint = Callable[[str], Awaitable[None]]
 MAX_RESTARTS = 5
 
 _generation_lock = threading.Lock()
@@ -123,9 +122,9 @@ async def publish(
         raise ValueError("cannot publish an empty history")
     key = idempotency_key(identity, chain.digest)
     mid = manifest_id(identity, chain.digest)
-    point = checkpoint or _no_checkpoint
+    point = checkpoint or no_checkpoint
 
-    row = await _run(db, lambda s: queries.manifest_by_idempotency_key(session=s, key=key))
+    row = await run_tx(db, lambda s: queries.manifest_by_idempotency_key(session=s, key=key))
     if row is not None:
         return await _open_row(chunks, keyring, row, identity)
 
@@ -178,7 +177,7 @@ async def publish(
             "created_at": manifest.created_at,
         }
         try:
-            winner = await _run(
+            winner = await run_tx(
                 db,
                 lambda s, values=values, reserved=reserved: _commit(
                     s, identity, identity_components, values, planes, ids, reserved
@@ -205,7 +204,9 @@ async def load_cut(
     identity: bytes,
 ) -> LoadedCut:
     """Fetch and verify a cut: MAC, identity, catalog agreement, then every chunk."""
-    row = await _run(db, lambda s: queries.get_manifest_row(session=s, manifest_id=cut.manifest_id))
+    row = await run_tx(
+        db, lambda s: queries.get_manifest_row(session=s, manifest_id=cut.manifest_id)
+    )
     if row is None:
         raise CutMissing(cut.manifest_id)
     if (row.depth, row.object_key) != (cut.depth, cut.object_key):
@@ -235,7 +236,7 @@ async def _reserve(
     delay = 0.01
     while True:
         now = datetime.now(UTC)
-        got = await _run(
+        got = await run_tx(
             db,
             lambda s, now=now: queries.reserve_chunks(
                 session=s, chunks=sizes, now=now, stored_sizes=stored
@@ -326,19 +327,3 @@ async def _open_row(
     if manifest.generation != row.generation:
         raise StaleGeneration(row.id, row.generation, manifest.generation)
     return manifest
-
-
-async def _run(db: Engine | Session, fn: Callable[[Session], T]) -> T:
-    """One transaction in a worker thread (never across an await); a given Session runs inline."""
-    if isinstance(db, Session):
-        return fn(db)
-
-    def work() -> T:
-        with Session(db, expire_on_commit=False) as session, session.begin():
-            return fn(session)
-
-    return await asyncio.to_thread(work)
-
-
-async def _no_checkpoint(_: str) -> None:
-    return None

@@ -2,8 +2,8 @@
 
 Words (see DESIGN.md):
 - paired timing: one restore of a cut and the identical local prefill of the same cut,
-  both timed in the same process (`PairedTiming`, made by `measure_pair`). Only paired
-  timings yield speedup or seconds saved; nothing is extrapolated from one leg.
+  both timed in the same process (`PairedTiming`; kvpack/pairing.py makes them). Only
+  paired timings yield speedup or seconds saved; nothing is extrapolated from one leg.
 - basis: every derived value says where it came from — `measured` (from paired timings
   or counted tokens and parameters) or `mock` (an assumption, never a measurement).
 - FLOPs avoided: the floor 2 × params × restored tokens (the weight matmuls alone;
@@ -11,18 +11,15 @@ Words (see DESIGN.md):
   basis is `measured`, and its note says it is a floor.
 - joules saved: seconds saved × an ASSUMED power draw. With no measured power source it
   is always `mock`.
-- economics ledger: the catalog table where paired timings persist (`ledger_rows` /
-  `persist_ledger`; the table itself belongs to catalog/).
+- economics ledger: the catalog table where paired timings persist (catalog/ledger.py).
 
-Everything here is a pure function of its inputs except `measure_pair`, which runs clocks.
+Everything here is a pure function of its inputs.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -76,7 +73,6 @@ class PairedTiming:
     restore_seconds: float
     prefill_seconds: float
     measured_at: datetime = field(default_factory=lambda: datetime.now(UTC))
-    pid: int = field(default_factory=os.getpid)  # the one process that timed both legs
 
     def __post_init__(self) -> None:
         if not isinstance(self.identity, bytes) or not self.identity:
@@ -85,34 +81,6 @@ class PairedTiming:
             raise EconomicsInputError("depth", "a paired timing covers at least one token")
         _seconds("restore_seconds", self.restore_seconds)
         _seconds("prefill_seconds", self.prefill_seconds)
-
-
-def measure_pair(
-    *,
-    identity: bytes,
-    depth: int,
-    tier: str,
-    restore: Callable[[], Any],
-    prefill: Callable[[], Any],
-    clock: Callable[[], float] = time.perf_counter,
-) -> PairedTiming:
-    """Time `restore()` then `prefill()` of the same cut, back to back in this process.
-
-    Both callables must block until their state is materialised (evaluate lazy arrays),
-    or the timing measures graph construction, not work.
-    """
-    t0 = clock()
-    restore()
-    t1 = clock()
-    prefill()
-    t2 = clock()
-    return PairedTiming(
-        identity=identity,
-        depth=depth,
-        tier=tier,
-        restore_seconds=t1 - t0,
-        prefill_seconds=t2 - t1,
-    )
 
 
 def restore_speedup(pair: PairedTiming) -> Derived:
@@ -208,39 +176,3 @@ def summarize(
         "flops_avoided": flops_avoided(num_params=num_params, restored_tokens=tokens).as_dict(),
         "joules_saved": joules_saved(saved, watts=watts).as_dict(),
     }
-
-
-# -- the economics ledger ---------------------------------------------------------
-
-
-def ledger_rows(pairs: Sequence[PairedTiming]) -> list[dict[str, Any]]:
-    """Paired timings as rows for the catalog's economics_ledger table."""
-    return [
-        {
-            "identity": p.identity,
-            "depth": p.depth,
-            "tier": p.tier,
-            "restore_seconds": p.restore_seconds,
-            "prefill_seconds": p.prefill_seconds,
-            "measured_at": p.measured_at,
-            "pid": p.pid,
-        }
-        for p in pairs
-    ]
-
-
-def pairs_from_rows(rows: Sequence[Mapping[str, Any]]) -> list[PairedTiming]:
-    """Rows read back from the economics ledger, re-validated as paired timings."""
-    out = []
-    for k, row in enumerate(rows):
-        try:
-            out.append(PairedTiming(**dict(row)))
-        except TypeError as e:
-            raise EconomicsInputError("rows", f"row {k} does not match the ledger: {e}") from e
-    return out
-
-
-def persist_ledger(*, session: Any, rows: Sequence[Mapping[str, Any]]) -> None:
-    """Insert `rows` (from `ledger_rows`) into economics_ledger inside the caller's
-    transaction; never commits (STYLE.md 7). Waits on catalog/'s economics_ledger model."""
-    raise NotImplementedError("economics_ledger persistence lands with the catalog's table")

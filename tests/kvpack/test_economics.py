@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 
 import pytest
 
@@ -15,10 +14,6 @@ from kvpack.economics import (
     PairedTiming,
     flops_avoided,
     joules_saved,
-    ledger_rows,
-    measure_pair,
-    pairs_from_rows,
-    persist_ledger,
     restore_speedup,
     seconds_saved,
     summarize,
@@ -108,23 +103,6 @@ def test_summary_aggregates_pairs_and_is_json():
         summarize([{"depth": 1}], num_params=1)
 
 
-def test_measure_pair_times_restore_then_prefill_in_this_process():
-    """Branch: measure_pair runs restore first, then prefill, and times each leg apart."""
-    order = []
-    ticks = iter([10.0, 10.25, 11.25])
-    p = measure_pair(
-        identity=ID,
-        depth=256,
-        tier="durable",
-        restore=lambda: order.append("restore"),
-        prefill=lambda: order.append("prefill"),
-        clock=lambda: next(ticks),
-    )
-    assert order == ["restore", "prefill"]
-    assert (p.restore_seconds, p.prefill_seconds) == (0.25, 1.0)
-    assert p.pid == os.getpid()
-
-
 @pytest.mark.parametrize(
     ("change", "what"),
     [
@@ -143,15 +121,3 @@ def test_paired_timing_rejects_unmeasurable_values(change, what):
     with pytest.raises(EconomicsInputError) as e:
         PairedTiming(**args)
     assert e.value.what == what
-
-
-def test_ledger_rows_round_trip_and_persistence_waits_for_the_catalog():
-    """Branch: rows rebuild the same paired timings; a foreign row is refused; persisting
-    is not implemented until the catalog's economics_ledger exists."""
-    pairs = [pair(), pair(depth=512, tier="resident")]
-    rows = ledger_rows(pairs)
-    assert pairs_from_rows(rows) == pairs
-    with pytest.raises(EconomicsInputError):
-        pairs_from_rows([{**rows[0], "watts": 3}])
-    with pytest.raises(NotImplementedError):
-        persist_ledger(session=None, rows=rows)

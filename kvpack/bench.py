@@ -1,17 +1,23 @@
-"""The cold/warm/miss bench: what a repeated prompt costs on a server that never saw it.
+"""The cold/warm/miss/durable bench: what a repeated prompt costs on a server that never
+saw it, and on a restarted one.
 
 - attempt: one depth on one fresh `kvpack serve` process (its own data dir and a unique
   namespace, so neither this machine's earlier runs nor a shared bucket and database
-  can warm it), three legs, one receipt. Attempt id: <UTC time>-<random hex>-d<depth>.
+  can warm it), four legs, one receipt. Attempt id: <UTC time>-<random hex>-d<depth>.
 - leg: one streamed /v1/completions request, greedy, prompt sent as token ids:
-  cold (a prompt of exactly `depth` tokens), warm (the same prompt again), miss (an
-  unrelated prompt of `miss_depth` tokens through the same path: the control, which no
-  tier should serve). Per leg: time to first token, total time, tier, output, and the
-  server's /metrics counters before and after. Before each leg the bench waits for the
-  server's publication queue to drain (GET /healthz), recorded as `publication_before`.
+  cold (a prompt of exactly `depth` tokens), warm (the same prompt again: the resident
+  tier's turn), miss (an unrelated prompt of `miss_depth` tokens through the same path:
+  the control, which no tier should serve), durable (the same prompt once more, on a
+  NEW server process over the same data dir, store, catalog and namespace, started
+  after the first one stopped gracefully, which drains its publication: an empty
+  resident tier, so only the durable tier can serve). Per leg: time to first token,
+  total time, tier, output, and the server's /metrics counters before and after.
+  Before each leg the bench waits for the server's publication queue to drain
+  (GET /healthz), recorded as `publication_before`.
 - valid leg: answered 200 and finished (finish reason, kvpack object, [DONE]) within its
   timeout, which grows with the depth. An invalid leg is never a correctness result:
-  `outputs_match` compares cold and warm only when both are valid (else it is None).
+  `outputs_match` compares cold and warm, `outputs_match_durable` cold and durable, each
+  only when both legs are valid (else it is None).
 - receipt: the attempt as JSON, created exclusively (never overwritten) as
   <receipts dir>/<attempt id>.json.
 """
@@ -36,7 +42,7 @@ from urllib.parse import urlsplit
 from prometheus_client.parser import text_string_to_metric_families
 
 RECEIPT_VERSION = 1
-LEGS = ("cold", "warm", "miss")
+LEGS = ("cold", "warm", "miss", "durable")
 _WORD_LIST = (
     "amber basalt cedar delta ember fjord granite harbor indigo juniper kelp lantern meadow "
     "nickel orchard pebble quartz river saffron timber umber velvet willow xenon yarrow zephyr"
@@ -268,21 +274,31 @@ def write_receipt(receipts_dir: Path, attempt_id: str, receipt: dict[str, Any]) 
 
 
 def judge(receipt: dict[str, Any]) -> None:
-    """The validity gate: fill legs_valid, leg_errors, outputs_match and the TTFT ratio."""
+    """The validity gate: fill legs_valid, leg_errors, outputs_match(_durable), the TTFT
+    ratios and the tiers; a comparison with an invalid leg is None (not judged)."""
     legs = receipt["legs"]
     errors = {n: (legs[n]["error"] if n in legs else "not run") for n in LEGS}
     receipt["leg_errors"] = {n: e for n, e in errors.items() if e is not None}
     receipt["legs_valid"] = not receipt["leg_errors"]
-    cold, warm, miss = (legs.get(n) if errors[n] is None else None for n in LEGS)
-    receipt["outputs_match"] = None if cold is None or warm is None else (
-        cold["output"] == warm["output"]
-        and cold["completion_tokens"] == warm["completion_tokens"]
-    )  # fmt: skip
-    ratio = None
-    if cold and warm and cold["ttft_s"] and warm["ttft_s"]:
-        ratio = cold["ttft_s"] / warm["ttft_s"]
-    receipt["ttft_ratio_cold_to_warm"] = ratio
+    cold, warm, miss, durable = (legs.get(n) if errors[n] is None else None for n in LEGS)
+
+    def match(other: dict[str, Any] | None) -> bool | None:
+        if cold is None or other is None:
+            return None
+        return (cold["output"], cold["completion_tokens"]) == (
+            other["output"], other["completion_tokens"])  # fmt: skip
+
+    def ratio(other: dict[str, Any] | None) -> float | None:
+        if cold and other and cold["ttft_s"] and other["ttft_s"]:
+            return cold["ttft_s"] / other["ttft_s"]
+        return None
+
+    receipt["outputs_match"] = match(warm)
+    receipt["outputs_match_durable"] = match(durable)
+    receipt["ttft_ratio_cold_to_warm"] = ratio(warm)
+    receipt["ttft_ratio_cold_to_durable"] = ratio(durable)
     receipt["warm_tier"] = warm["tier"] if warm else None
+    receipt["durable_tier"] = durable["tier"] if durable else None
     receipt["miss_served_by_no_tier"] = None if miss is None else miss["tier"] == "none"
 
 
@@ -294,6 +310,7 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.startup_s = 0.0
+        self.exit_code: int | None = None  # after stop(): 0 is a clean (drained) exit
 
     def __enter__(self) -> ServerProcess:
         from kvpack.commands.serve import READY
@@ -327,14 +344,21 @@ class ServerProcess:
         self.stop()
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        """SIGTERM (the server drains its publication and exits), SIGKILL after 60 s."""
+        if self.proc is None:
             return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.exit_code = self.proc.returncode
+
+    def record(self) -> dict[str, Any]:
+        return {"url": self.url, "pid": self.proc.pid if self.proc else None,
+                "startup_s": self.startup_s, "log": str(self.log_path)}  # fmt: skip
 
     def _tail(self, n: int = 800) -> str:
         return self.log_path.read_text(errors="replace")[-n:]
@@ -356,7 +380,8 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
 def run_attempt(
     plan: Plan, depth: int, prompts: dict[str, list[int]], *, run_id: str
 ) -> tuple[dict[str, Any], Path]:
-    """One depth on a fresh server: three legs, judged, and a receipt written."""
+    """One depth: cold, warm and miss on a fresh server, then durable on a restarted one
+    (same data dir and namespace); judged, and a receipt written."""
     attempt_id = f"{new_run_id()}-d{depth}"  # its own random part: a depth may repeat
     data_dir = plan.work_dir / attempt_id
     data_dir.mkdir(parents=True)
@@ -375,18 +400,24 @@ def run_attempt(
         "miss_depth": plan.miss_depth,
         "max_tokens": plan.max_tokens,
         "namespace": namespace,
-        "server": {"argv": redact_argv(argv), "log": str(data_dir / "serve.log")},
+        "server": {"argv": redact_argv(argv)},
         "legs": {},
     }
+    servers = (("server", "serve.log", ("cold", "warm", "miss")),
+               ("restarted_server", "serve-restarted.log", ("durable",)))  # fmt: skip
     try:
-        with ServerProcess(argv, data_dir / "serve.log", plan.startup_timeout_s) as server:
-            receipt["server"].update(url=server.url, startup_s=server.startup_s)
-            for name, tokens in (("cold", prompts["cold"]), ("warm", prompts["cold"]),
-                                 ("miss", prompts["miss"])):  # fmt: skip
-                receipt["legs"][name] = run_leg(
-                    server.url, name, tokens, model=plan.model, max_tokens=plan.max_tokens,
-                    timeout_s=plan.leg_timeout(len(tokens)),
-                )  # fmt: skip
+        for key, log, names in servers:
+            server = ServerProcess(argv, data_dir / log, plan.startup_timeout_s)
+            receipt[key] = {**receipt.get(key, {}), "log": str(server.log_path)}
+            with server:
+                receipt[key].update(server.record())
+                for name in names:
+                    tokens = prompts["miss" if name == "miss" else "cold"]
+                    receipt["legs"][name] = run_leg(
+                        server.url, name, tokens, model=plan.model, max_tokens=plan.max_tokens,
+                        timeout_s=plan.leg_timeout(len(tokens)),
+                    )  # fmt: skip
+            receipt[key]["exit_code"] = server.exit_code
     except BenchError as e:
         receipt["server_error"] = str(e)
     receipt["finished_at"] = datetime.now(UTC).isoformat()
@@ -410,29 +441,37 @@ def run_bench(plan: Plan, tokenizer: Any, *, out: Any = None) -> list[dict[str, 
     return receipts
 
 
-HEADER = f"{'depth':>6} {'leg':<5} {'tier':<9} {'cached':>6} {'ttft_s':>8} {'total_s':>8}  valid"
+HEADER = (f"{'depth':>6} {'leg':<7} {'tier':<9} {'cached':>6} {'ttft_s':>8} {'total_s':>8} "
+          f"{'cold/leg':>8}  valid")  # fmt: skip
 
 
 def format_attempt(receipt: dict[str, Any]) -> str:
     def num(v: float | None) -> str:
         return "-" if v is None else f"{v:.3f}"
 
+    def times(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f}x"
+
+    ratios = {"warm": receipt["ttft_ratio_cold_to_warm"],
+              "durable": receipt["ttft_ratio_cold_to_durable"]}  # fmt: skip
     rows = []
     for name in LEGS:
         leg = receipt["legs"].get(name)
         if leg is None:
-            rows.append(f"{receipt['depth']:>6} {name:<5} (not run)")
+            rows.append(f"{receipt['depth']:>6} {name:<7} (not run)")
             continue
         valid = "yes" if leg["valid"] else f"NO ({leg['error']})"
-        rows.append(f"{receipt['depth']:>6} {name:<5} {leg.get('tier', '-'):<9} "
+        rows.append(f"{receipt['depth']:>6} {name:<7} {leg.get('tier', '-'):<9} "
                     f"{leg.get('cached_tokens', '-'):>6} {num(leg.get('ttft_s')):>8} "
-                    f"{num(leg.get('total_s')):>8}  {valid}")  # fmt: skip
-    ratio = receipt["ttft_ratio_cold_to_warm"]
-    match = {True: "yes", False: "NO", None: "not judged (invalid leg)"}[receipt["outputs_match"]]
+                    f"{num(leg.get('total_s')):>8} {times(ratios.get(name)):>8}  "
+                    f"{valid}")  # fmt: skip
+    judged = {True: "yes", False: "NO", None: "not judged (invalid leg)"}
     summary = (
-        f"depth {receipt['depth']}: cold/warm TTFT "
-        + ("-" if ratio is None else f"{ratio:.1f}x")
-        + f", warm tier {receipt['warm_tier']}, outputs_match {match}"
+        f"depth {receipt['depth']}: cold/warm TTFT {times(ratios['warm'])}, "
+        f"cold/durable TTFT {times(ratios['durable'])}, warm tier {receipt['warm_tier']}, "
+        f"durable tier {receipt['durable_tier']}, "
+        f"outputs_match {judged[receipt['outputs_match']]}, "
+        f"outputs_match_durable {judged[receipt['outputs_match_durable']]}"
     )
     if "server_error" in receipt:
         summary += f", server error: {receipt['server_error']}"
@@ -440,4 +479,6 @@ def format_attempt(receipt: dict[str, Any]) -> str:
 
 
 def passed(receipts: Sequence[dict[str, Any]]) -> bool:
-    return all(r["legs_valid"] and r["outputs_match"] for r in receipts)
+    return all(
+        r["legs_valid"] and r["outputs_match"] and r["outputs_match_durable"] for r in receipts
+    )

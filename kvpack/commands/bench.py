@@ -1,4 +1,5 @@
-"""`kvpack bench`: cold / warm / miss legs per depth, each depth on a fresh server.
+"""`kvpack bench`: cold / warm / miss legs per depth, each depth on a fresh server, then a
+durable leg on a restarted server (same data dir and namespace, empty resident tier).
 
 Against the embedded default (a fresh data dir per depth) or a shared object store and
 catalog (--store-url / --database-url, a unique namespace per attempt). Receipts go to
@@ -40,7 +41,7 @@ def add_bench_arguments(p: argparse.ArgumentParser, *, model: str, default_depth
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench", help="cold/warm/miss bench, one fresh server per depth")
+    p = sub.add_parser("bench", help="cold/warm/miss/durable bench, one fresh server per depth")
     add_bench_arguments(p, model="smollm2", default_depths="256,512,1024,2048")
     add_storage_arguments(p)  # --data-dir: the root of the per-attempt data dirs
     p.set_defaults(func=run)

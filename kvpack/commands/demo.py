@@ -1,7 +1,8 @@
 """`kvpack demo` (`make demo`): the bench on the demo model against the embedded default.
 
 A temporary data dir (SQLite + a local object directory), a fresh server per depth,
-cold / warm / miss legs, and the table. Receipts go to ./receipts.
+cold / warm / miss legs, a durable leg on a restarted server, and the table. Receipts go
+to ./receipts.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from kvpack.commands import bench
 
 
 def register(sub) -> None:
-    p = sub.add_parser("demo", help="run the cold/warm/miss bench on the demo model")
+    p = sub.add_parser("demo", help="run the cold/warm/miss/durable bench on the demo model")
     bench.add_bench_arguments(p, model="smollm2", default_depths="256,512,1024")
     p.set_defaults(func=run)
 

@@ -15,6 +15,7 @@ from kvpack.bench import (
     Plan,
     ReceiptExists,
     judge,
+    passed,
     prompt_tokens,
     run_bench,
     run_leg,
@@ -44,8 +45,10 @@ def test_prompts_are_deterministic_and_exactly_the_depth(service):
 
 def test_a_leg_that_times_out_is_invalid_and_outputs_are_not_compared(service):
     """The validity gate: a leg past its deadline mid-stream is marked invalid with the
-    timeout as its error; with one invalid leg outputs_match is None (not judged), legs_valid
-    is False and leg_errors names it, even though the other legs match."""
+    timeout as its error; with one invalid leg the comparisons with it are None (not
+    judged), legs_valid is False and leg_errors names it, even though the other legs match.
+    A durable leg whose output differs from cold is outputs_match_durable False and fails
+    the bench."""
     tokens = service.loaded.tokenizer.encode("Tell me about the sea. " * 3)
     with running(service) as fast_url:
         cold = run_leg(fast_url, "cold", tokens, model="tiny", max_tokens=6, timeout_s=30)
@@ -56,20 +59,30 @@ def test_a_leg_that_times_out_is_invalid_and_outputs_are_not_compared(service):
     assert cold["valid"] and warm["valid"] and miss["valid"]
     assert not slow["valid"] and slow["error"] == "timed out after 1s"
 
-    good = {"legs": {"cold": cold, "warm": warm, "miss": miss}}
+    durable = {**warm, "leg": "durable", "tier": "durable"}
+    good = {"legs": {"cold": cold, "warm": warm, "miss": miss, "durable": durable}}
     judge(good)
     assert good["legs_valid"] and good["leg_errors"] == {} and good["outputs_match"] is True
+    assert good["outputs_match_durable"] is True and good["durable_tier"] == "durable"
+    assert good["ttft_ratio_cold_to_durable"] == cold["ttft_s"] / durable["ttft_s"]
+    assert passed([good])
 
-    gated = {"legs": {"cold": slow, "warm": warm, "miss": miss}}
+    wrong = {"legs": {**good["legs"], "durable": {**durable, "output": durable["output"] + "!"}}}
+    judge(wrong)
+    assert wrong["legs_valid"] and wrong["outputs_match"] is True
+    assert wrong["outputs_match_durable"] is False and not passed([wrong])
+
+    gated = {"legs": {"cold": slow, "warm": warm, "miss": miss, "durable": durable}}
     judge(gated)
     assert gated["legs_valid"] is False
     assert gated["leg_errors"] == {"cold": "timed out after 1s"}
     assert gated["outputs_match"] is None and gated["ttft_ratio_cold_to_warm"] is None
+    assert gated["outputs_match_durable"] is None and gated["ttft_ratio_cold_to_durable"] is None
 
-    missing = {"legs": {"cold": cold}}
+    missing = {"legs": {"cold": cold, "warm": warm, "miss": miss}}
     judge(missing)
-    assert missing["leg_errors"] == {"warm": "not run", "miss": "not run"}
-    assert missing["outputs_match"] is None
+    assert missing["leg_errors"] == {"durable": "not run"} and not passed([missing])
+    assert missing["outputs_match"] is True and missing["outputs_match_durable"] is None
 
 
 def test_receipts_are_created_exclusively(tmp_path):
@@ -81,10 +94,13 @@ def test_receipts_are_created_exclusively(tmp_path):
     assert json.loads(path.read_text()) == {"n": 1}
 
 
-def test_bench_cli_on_tiny_cold_warm_miss(tmp_path, capsys):
-    """`kvpack bench` end to end: a fresh server, three valid legs, cold served by no tier,
+def test_bench_cli_on_tiny_cold_warm_miss_durable(tmp_path, capsys):
+    """`kvpack bench` end to end: a fresh server, four valid legs, cold served by no tier,
     warm by the resident tier with every prompt token cached and identical output, the
-    miss control by no tier; the receipt on disk says the same and the table is printed."""
+    miss control by no tier; then the durable leg on a second server process (another
+    pid, counters from zero, the first one exited cleanly) over the same data dir and
+    namespace: served by the durable tier with every token cached and the cold leg's
+    output. The receipt on disk says the same and the table is printed."""
     receipts = tmp_path / "receipts"
     code = cli.main(["bench", "--model", "tiny", "--depths", "128", "--alignment", str(TINY_A),
                      "--max-tokens", "4", "--miss-depth", "64", "--receipts-dir", str(receipts),
@@ -96,13 +112,24 @@ def test_bench_cli_on_tiny_cold_warm_miss(tmp_path, capsys):
     assert path.name == f"{receipt['attempt_id']}.json"
     assert receipt["legs_valid"] and receipt["outputs_match"] is True
     legs = receipt["legs"]
-    assert [legs[n]["tier"] for n in LEGS] == ["none", "resident", "none"]
+    assert [legs[n]["tier"] for n in LEGS] == ["none", "resident", "none", "durable"]
     assert legs["warm"]["cached_tokens"] == 128 and legs["cold"]["prompt_tokens"] == 128
     assert legs["miss"]["prompt_tokens"] == 64 and receipt["miss_served_by_no_tier"]
     assert legs["warm"]["counters_delta"]["kvpack_hits_total:resident"] == 1
     assert legs["cold"]["counters_delta"]["kvpack_misses_total"] == 1
     assert receipt["namespace"].startswith("bench-")
     assert "depth 128: cold/warm TTFT" in out and "outputs_match yes" in out
+
+    durable = legs["durable"]
+    assert receipt["outputs_match_durable"] is True and durable["output"] == legs["cold"]["output"]
+    assert durable["cached_tokens"] == 128
+    assert durable["counters_delta"]["kvpack_hits_total:durable"] == 1
+    first, second = receipt["server"], receipt["restarted_server"]
+    assert first["pid"] != second["pid"]
+    assert first["exit_code"] == 0 and second["exit_code"] == 0  # SIGTERM: a drained exit
+    before = durable["counters_before"]  # a fresh process: nothing served before this leg
+    assert before.get("kvpack_misses_total", 0) == 0 == before.get("kvpack_hits_total:resident", 0)
+    assert "cold/durable TTFT" in out and "outputs_match_durable yes" in out
 
 
 @pytest.mark.s3

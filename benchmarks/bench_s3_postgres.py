@@ -1,0 +1,62 @@
+"""`kvpack bench` against a real S3 + PostgreSQL on loopback: a SeaweedFS it starts
+itself and a fresh database on the local PostgreSQL, dropped afterwards.
+
+    .venv/bin/python benchmarks/bench_s3_postgres.py 256,512,1024,2048
+
+KVPACK_BENCH_PG (default postgresql://postgres@127.0.0.1:5432/postgres) names the
+server's maintenance database. Receipts go to receipts/s3pg/.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import psycopg
+
+from cas.s3 import S3Config, ensure_bucket
+from cas.seaweedfs import start_seaweedfs
+
+ADMIN = os.environ.get("KVPACK_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def main(depths: str) -> int:
+    db = f"kvpack_bench_{secrets.token_hex(3)}"
+    server_url = ADMIN.rsplit("/", 1)[0]
+    with psycopg.connect(ADMIN, autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{db}"')
+    try:
+        with tempfile.TemporaryDirectory() as tmp, start_seaweedfs(Path(tmp)) as server:
+            s3 = server.s3
+            ensure_bucket(
+                S3Config(
+                    bucket="kvpack-bench",
+                    endpoint_url=s3.endpoint_url,
+                    access_key=s3.access_key,
+                    secret_key=s3.secret_key,
+                )
+            )
+            # Credentials through the environment, so they stay out of process listings.
+            env = {
+                **os.environ,
+                "AWS_ACCESS_KEY_ID": s3.access_key,
+                "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+            }
+            cmd = [
+                sys.executable, "-m", "kvpack.cli", "bench", "--depths", depths,
+                "--store-url", "s3://kvpack-bench/runs", "--s3-endpoint", s3.endpoint_url,
+                "--database-url", f"{server_url}/{db}", "--receipts-dir", "receipts/s3pg",
+            ]  # fmt: skip
+            print("$", " ".join(cmd[2:]), flush=True)
+            return subprocess.call(cmd, env=env)
+    finally:
+        with psycopg.connect(ADMIN, autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "256,512,1024,2048"))

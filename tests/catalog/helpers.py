@@ -94,7 +94,12 @@ def find(engine, history, ident=ALICE):
         )
 
 
+def load_of(store, engine, cut, ident=ALICE):
+    """load_cut() of `cut` with the test store's keyring."""
+    return load_cut(chunks=store, db=engine, keyring=store.keyring, cut=cut, identity=ident)
+
+
 async def load(store, engine, history, ident=ALICE):
     cut = find(engine, history, ident)
     assert cut is not None, "the published cut is not in the catalog"
-    return await load_cut(chunks=store, db=engine, keyring=store.keyring, cut=cut, identity=ident)
+    return await load_of(store, engine, cut, ident)

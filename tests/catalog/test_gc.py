@@ -14,8 +14,7 @@ from catalog import queries
 from catalog.errors import ChunksBeingCollected
 from catalog.gc import collect
 from catalog.models import ChunkRow, ManifestRow
-from catalog.publish import load_cut
-from tests.catalog.helpers import ALICE, do_publish, find, load, payloads, tokens
+from tests.catalog.helpers import do_publish, find, load, load_of, payloads, tokens
 
 HOUR = timedelta(hours=1)
 
@@ -275,15 +274,7 @@ def test_evicted_cut_is_a_miss_not_partial_state(aio, chunk_store, db_engine):
     cut = find(db_engine, history)
     aio.run(collect(chunks=chunk_store, db=db_engine, budget_bytes=0, grace=timedelta(0)))
     with pytest.raises((CutMissing, ChunkMissing)):
-        aio.run(
-            load_cut(
-                chunks=chunk_store,
-                db=db_engine,
-                keyring=chunk_store.keyring,
-                cut=cut,
-                identity=ALICE,
-            )
-        )
+        aio.run(load_of(chunk_store, db_engine, cut))
     with Session(db_engine) as s:
         assert s.scalar(select(ManifestRow.id)) is None
 

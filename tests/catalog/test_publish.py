@@ -16,7 +16,7 @@ from catalog.errors import CutMissing, IdentityMismatch, ManifestInvalid, StaleG
 from catalog.manifest import Manifest, open_manifest, seal_manifest
 from catalog.models import ChunkRow, ManifestChunkRow, ManifestRow
 from catalog.publish import load_cut
-from tests.catalog.helpers import ALICE, BOB, do_publish, find, payloads, tokens
+from tests.catalog.helpers import ALICE, BOB, do_publish, find, load_of, payloads, tokens
 
 
 def count(engine, model) -> int:
@@ -35,11 +35,7 @@ def test_publish_then_find_and_load(aio, chunk_store, db_engine):
     assert (m.depth, m.aligned, m.logits_witnessed) == (300, False, True)
     cut = find(db_engine, h)
     assert cut.manifest_id == m.id and cut.exact and cut.bytes == sum(len(p) for _, p in planes)
-    loaded = aio.run(
-        load_cut(
-            chunks=chunk_store, db=db_engine, keyring=chunk_store.keyring, cut=cut, identity=ALICE
-        )
-    )
+    loaded = aio.run(load_of(chunk_store, db_engine, cut))
     assert loaded.manifest == m
     assert [(r, bytes(v)) for r, v in loaded.planes] == planes
     with Session(db_engine) as s:
@@ -134,11 +130,7 @@ def test_load_under_another_identity_is_refused(aio, chunk_store, db_engine):
     aio.run(do_publish(chunk_store, db_engine, h, payloads(8)))
     cut = find(db_engine, h)
     with pytest.raises(IdentityMismatch) as e:
-        aio.run(
-            load_cut(
-                chunks=chunk_store, db=db_engine, keyring=chunk_store.keyring, cut=cut, identity=BOB
-            )
-        )
+        aio.run(load_of(chunk_store, db_engine, cut, BOB))
     assert e.value.expected == BOB and e.value.got == ALICE
 
 
@@ -156,15 +148,7 @@ def test_tampered_manifest_object_is_refused(aio, chunk_store, db_engine):
     data[-3] ^= 0x04
     aio.run(replace_object(chunk_store, cut.object_key, bytes(data)))
     with pytest.raises(ManifestInvalid):
-        aio.run(
-            load_cut(
-                chunks=chunk_store,
-                db=db_engine,
-                keyring=chunk_store.keyring,
-                cut=cut,
-                identity=ALICE,
-            )
-        )
+        aio.run(load_of(chunk_store, db_engine, cut))
 
 
 def test_manifest_sealed_by_another_vault_is_refused(aio, chunk_store, db_engine, keyring):
@@ -178,15 +162,7 @@ def test_manifest_sealed_by_another_vault_is_refused(aio, chunk_store, db_engine
         replace_object(chunk_store, cut.object_key, seal_manifest(m, Keyring.generate().rotate()))
     )
     with pytest.raises(ManifestInvalid, match="unknown key"):
-        aio.run(
-            load_cut(
-                chunks=chunk_store,
-                db=db_engine,
-                keyring=chunk_store.keyring,
-                cut=cut,
-                identity=ALICE,
-            )
-        )
+        aio.run(load_of(chunk_store, db_engine, cut))
 
 
 def test_replayed_older_generation_is_refused(aio, chunk_store, db_engine):
@@ -200,15 +176,7 @@ def test_replayed_older_generation_is_refused(aio, chunk_store, db_engine):
     )
     aio.run(replace_object(chunk_store, cut.object_key, seal_manifest(older, chunk_store.keyring)))
     with pytest.raises(StaleGeneration) as e:
-        aio.run(
-            load_cut(
-                chunks=chunk_store,
-                db=db_engine,
-                keyring=chunk_store.keyring,
-                cut=cut,
-                identity=ALICE,
-            )
-        )
+        aio.run(load_of(chunk_store, db_engine, cut))
     assert (e.value.expected, e.value.got) == (m.generation, m.generation - 1)
 
 
@@ -221,15 +189,7 @@ def test_manifest_of_another_cut_under_this_key_is_refused(aio, chunk_store, db_
     assert cut.depth == 512
     aio.run(replace_object(chunk_store, cut.object_key, seal_manifest(other, chunk_store.keyring)))
     with pytest.raises(ManifestInvalid, match="does not match"):
-        aio.run(
-            load_cut(
-                chunks=chunk_store,
-                db=db_engine,
-                keyring=chunk_store.keyring,
-                cut=cut,
-                identity=ALICE,
-            )
-        )
+        aio.run(load_of(chunk_store, db_engine, cut))
 
 
 def test_corrupt_chunk_returns_nothing(aio, chunk_store, db_engine):
@@ -259,15 +219,7 @@ def test_missing_manifest_object_is_a_cut_missing(aio, chunk_store, db_engine):
     cut = find(db_engine, h)
     aio.run(chunk_store.objects.delete(cut.object_key))
     with pytest.raises(CutMissing):
-        aio.run(
-            load_cut(
-                chunks=chunk_store,
-                db=db_engine,
-                keyring=chunk_store.keyring,
-                cut=cut,
-                identity=ALICE,
-            )
-        )
+        aio.run(load_of(chunk_store, db_engine, cut))
 
 
 def test_manifest_object_is_sealed_with_the_vault_key(aio, chunk_store, db_engine):

@@ -26,6 +26,18 @@ SECRET_SIZE = 32
 FORMAT = "kvpack-keyring-v1"
 
 
+def write_secret(path: Path, text: str) -> None:
+    """Write a secret file with mode 0600, atomically (temp file, fsync, rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def _derive(secret: bytes, info: str) -> bytes:
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info.encode()).derive(secret)
 
@@ -99,15 +111,7 @@ class Keyring:
         return cls(bytes.fromhex(doc["digest_secret"]), keys, doc["current"])
 
     def save(self, path: Path) -> None:
-        """Write with mode 0600, atomically (temp file, fsync, rename)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(self.to_json())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_secret(path, self.to_json())
 
     @classmethod
     def load_or_create(cls, path: Path) -> Keyring:

@@ -9,7 +9,8 @@ Words (see DESIGN.md):
   that does not re-encode to itself is refused.
 - envelope: the bytes stored in the object store. It carries the body, the
   id of the vault key that MAC'd it (HMAC-SHA256 under
-  Keyring.subkey("manifest-mac")), and room for a producer signature:
+  Keyring.subkey("manifest-mac")), and the producer's signature slot (Ed25519
+  over MANIFEST_DOMAIN + body, catalog/signing.py; the vault that sealed it):
 
       magic "KVPKMAN" + envelope version (8) | mac (32) | key id length (1) |
       key id | signature length (2, big-endian) | signature | body
@@ -184,7 +185,8 @@ def encode_body(m: Manifest) -> bytes:
 
 
 def seal_manifest(m: Manifest, keyring: Keyring, *, signature: bytes = b"") -> bytes:
-    """The envelope of `m`, MAC'd with the current vault key (signature: reserved, issue 5)."""
+    """The envelope of `m`, MAC'd with the current vault key; `signature` is the producer's
+    signature slot over the body (catalog/signing.py), empty when unsigned."""
     key_id, key = keyring.subkey(MAC_PURPOSE)
     kid = key_id.encode("ascii")
     if not 0 < len(kid) < 256:

@@ -10,8 +10,16 @@ Words (see DESIGN.md):
 - chunks: one row per stored chunk id: plaintext size, stored size, when its
   row was created (its first reservation), when a manifest or a publish last
   referenced it, and GC's claim (condemned_at/by) while its object is deleted.
-- quarantine, economics_ledger: tables only for now (remote imports, paired
-  restore/prefill timings).
+- quarantine: one row per remote import (kvpack/remote.py): the peer, the identity
+  asked for, the producer and generation the answer claimed, its state (pending,
+  refused, promoted) and, when refused, why. Its bytes live under quarantine/<id>/.
+- trusted_keys: producer public keys whose signatures a remote import accepts, each
+  pinned by an operator or endorsed by a key already trusted (rotation).
+- accepted_generations: the newest generation accepted per producer and identity
+  (replay protection: an older or equal one is refused).
+- api_keys: bearer keys, stored as SHA-256 of the secret, each with its role (tenant,
+  peer, admin) and namespace; a revoked key keeps its row with revoked_at set.
+- economics_ledger: paired restore/prefill timings.
 
 Digests are stored as lowercase hex strings (identity, chain, chunk ids,
 idempotency keys): portable across SQLite and PostgreSQL, and the same text as
@@ -135,12 +143,50 @@ class ChunkRow(Base):
 class QuarantineRow(Base):
     __tablename__ = "quarantine"
 
-    import_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    import_id: Mapped[str] = mapped_column(String(32), primary_key=True)
     peer: Mapped[str] = mapped_column(String(255))
     identity: Mapped[str] = mapped_column(String(HEX_DIGEST), index=True)
+    producer: Mapped[str | None] = mapped_column(String(200))
+    generation: Mapped[int | None] = mapped_column(BigInteger)
+    depth: Mapped[int | None] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(String(16), index=True)
     reason: Mapped[str | None] = mapped_column(Text)
-    state: Mapped[str] = mapped_column(String(16))
+    manifest: Mapped[str | None] = mapped_column(String(MANIFEST_ID))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class TrustedKeyRow(Base):
+    __tablename__ = "trusted_keys"
+
+    producer: Mapped[str] = mapped_column(String(200), primary_key=True)
+    key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    public_key: Mapped[str] = mapped_column(String(HEX_DIGEST))
+    endorsed_by: Mapped[str | None] = mapped_column(String(32))
+    added_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class AcceptedGenerationRow(Base):
+    __tablename__ = "accepted_generations"
+    __table_args__ = (CheckConstraint("generation >= 0", name="generation_nonnegative"),)
+
+    producer: Mapped[str] = mapped_column(String(200), primary_key=True)
+    identity: Mapped[str] = mapped_column(String(HEX_DIGEST), primary_key=True)
+    generation: Mapped[int] = mapped_column(BigInteger)
+    accepted_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class ApiKeyRow(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    secret_hash: Mapped[str] = mapped_column(String(HEX_DIGEST))
+    role: Mapped[str] = mapped_column(String(16))
+    namespace: Mapped[str] = mapped_column(String(255))
+    label: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class EconomicsRow(Base):

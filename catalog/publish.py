@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -60,10 +60,12 @@ from catalog.manifest import (
     MAX_GENERATION,
     Manifest,
     PlaneEntry,
+    SealedManifest,
+    encode_body,
     idempotency_key,
     make_manifest,
     manifest_id,
-    open_manifest,
+    open_sealed,
     seal_manifest,
 )
 from catalog.models import ManifestRow
@@ -71,6 +73,7 @@ from catalog.queries import Cut
 from catalog.tx import Checkpoint, no_checkpoint, run_tx
 
 MAX_RESTARTS = 5
+Signer = Callable[[bytes], bytes]  # manifest body -> signature slot
 
 _generation_lock = threading.Lock()
 _last_generation = 0
@@ -93,6 +96,7 @@ class LoadedCut:
 
     manifest: Manifest
     planes: list[tuple[str, memoryview]]
+    signature: bytes  # the envelope's signature slot (empty when unsigned)
 
 
 async def publish(
@@ -109,11 +113,14 @@ async def publish(
     logits_witnessed: bool,
     producer: str,
     provenance: str = "local",
+    sign: Signer | None = None,
     reclaim_wait_s: float = 10.0,
     checkpoint: Checkpoint | None = None,
 ) -> Manifest:
     """Publish the cut after `tokens`; the same history published again is the same manifest.
 
+    `sign(body)` returns the signature slot sealed into the manifest envelope (the
+    producer's Ed25519 signature, catalog/signing.py); None leaves it empty.
     `checkpoint(name)` is awaited at "reserved", "chunks_stored", "manifest_stored",
     "committed" and "waiting_for_collector" (tests pause there to interleave).
     """
@@ -126,7 +133,7 @@ async def publish(
 
     row = await run_tx(db, lambda s: queries.manifest_by_idempotency_key(session=s, key=key))
     if row is not None:
-        return await _open_row(chunks, keyring, row, identity)
+        return (await _open_row(chunks, keyring, row, identity)).manifest
 
     blobs = [data for _, data in planes]
     ids = await asyncio.to_thread(lambda: [chunks.chunk_id(b).hex for b in blobs])
@@ -155,10 +162,11 @@ async def publish(
             producer=producer,
             prefix=chunks.prefix,
             mid=mid,
+            sign=sign,
         )
         while not await chunks.objects.put_if_absent(okey, sealed):
             # Another process drew the same generation: draw again (the object is per attempt).
-            manifest, sealed, okey = _reseal(manifest, keyring, chunks.prefix)
+            manifest, sealed, okey = _reseal(manifest, keyring, chunks.prefix, sign)
         await point("manifest_stored")
 
         values = {
@@ -191,7 +199,7 @@ async def publish(
             await point("committed")
             return manifest
         await chunks.objects.delete(okey)  # nobody else can name this attempt's object
-        return await _open_row(chunks, keyring, winner, identity)
+        return (await _open_row(chunks, keyring, winner, identity)).manifest
     raise ChunksBeingCollected(ids)
 
 
@@ -211,14 +219,15 @@ async def load_cut(
         raise CutMissing(cut.manifest_id)
     if (row.depth, row.object_key) != (cut.depth, cut.object_key):
         raise ManifestInvalid(f"cut {cut.manifest_id} does not match its catalog row")
-    manifest = await _open_row(chunks, keyring, row, identity)
+    sealed = await _open_row(chunks, keyring, row, identity)
+    manifest = sealed.manifest
     refs = [ChunkRef(p.chunk_id, p.size) for p in manifest.planes]
     buffer = await chunks.get_many(refs)
     out, offset = [], 0
     for p in manifest.planes:
         out.append((p.role, buffer[offset : offset + p.size]))
         offset += p.size
-    return LoadedCut(manifest, out)
+    return LoadedCut(manifest, out, sealed.signature)
 
 
 # -- steps -----------------------------------------------------------------------------
@@ -283,16 +292,26 @@ def _commit(
     return winner
 
 
-def _seal(*, keyring: Keyring, prefix: str, mid: str, **fields: Any) -> tuple[Manifest, bytes, str]:
+def _seal(
+    *, keyring: Keyring, prefix: str, mid: str, sign: Signer | None, **fields: Any
+) -> tuple[Manifest, bytes, str]:
     chain_digest = fields.pop("chain_digest")
     manifest = make_manifest(chain=chain_digest, generation=next_generation(), **fields)
-    return manifest, seal_manifest(manifest, keyring), _object_key(manifest, mid, prefix)
+    return manifest, _envelope(manifest, keyring, sign), _object_key(manifest, mid, prefix)
 
 
-def _reseal(old: Manifest, keyring: Keyring, prefix: str) -> tuple[Manifest, bytes, str]:
+def _reseal(
+    old: Manifest, keyring: Keyring, prefix: str, sign: Signer | None
+) -> tuple[Manifest, bytes, str]:
     fields = {f: getattr(old, f) for f in old.__dataclass_fields__}
     manifest = Manifest(**{**fields, "generation": next_generation()})
-    return manifest, seal_manifest(manifest, keyring), _object_key(manifest, manifest.id, prefix)
+    sealed = _envelope(manifest, keyring, sign)
+    return manifest, sealed, _object_key(manifest, manifest.id, prefix)
+
+
+def _envelope(manifest: Manifest, keyring: Keyring, sign: Signer | None) -> bytes:
+    signature = sign(encode_body(manifest)) if sign is not None else b""
+    return seal_manifest(manifest, keyring, signature=signature)
 
 
 def _object_key(manifest: Manifest, mid: str, prefix: str) -> str:
@@ -303,7 +322,7 @@ def _object_key(manifest: Manifest, mid: str, prefix: str) -> str:
 
 async def _open_row(
     chunks: ChunkStore, keyring: Keyring, row: ManifestRow, identity: bytes
-) -> Manifest:
+) -> SealedManifest:
     """The manifest a catalog row names, verified against the row and the asked identity."""
     if row.identity != identity.hex():
         raise IdentityMismatch(identity, bytes.fromhex(row.identity))
@@ -311,7 +330,8 @@ async def _open_row(
         data = await chunks.objects.get(row.object_key)
     except ObjectMissing as e:
         raise CutMissing(row.id) from e
-    manifest = open_manifest(data, keyring)
+    sealed = open_sealed(data, keyring)
+    manifest = sealed.manifest
     if manifest.identity != identity:
         raise IdentityMismatch(identity, manifest.identity)
     facts = (
@@ -326,4 +346,4 @@ async def _open_row(
         raise ManifestInvalid(f"manifest object {row.object_key} does not match its catalog row")
     if manifest.generation != row.generation:
         raise StaleGeneration(row.id, row.generation, manifest.generation)
-    return manifest
+    return sealed

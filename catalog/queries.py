@@ -126,7 +126,7 @@ def reserve_chunks(
     ids = sorted(chunks)
     if not ids:
         return {}
-    stmt = _insert(session, ChunkRow).values(
+    stmt = dialect_insert(session, ChunkRow).values(
         [
             {
                 "id": i,
@@ -168,10 +168,16 @@ def touch_chunks(*, session: Session, ids: Sequence[str], now: datetime) -> None
     )
 
 
+def identity_components(*, session: Session, identity: bytes) -> dict[str, Any] | None:
+    """The components recorded for an identity (None when unknown or not recorded)."""
+    row = select(IdentityRow.components).where(IdentityRow.digest == identity.hex())
+    return session.scalar(row)
+
+
 def ensure_identity(
     *, session: Session, identity: bytes, components: Mapping[str, Any] | None, now: datetime
 ) -> None:
-    stmt = _insert(session, IdentityRow).values(
+    stmt = dialect_insert(session, IdentityRow).values(
         digest=identity.hex(), components=dict(components) if components else None, created_at=now
     )
     session.execute(stmt.on_conflict_do_nothing(index_elements=[IdentityRow.digest]))
@@ -181,14 +187,14 @@ def insert_manifest(
     *, session: Session, row: Mapping[str, Any], chunks: Sequence[tuple[str, str]]
 ) -> bool:
     """Insert a manifest row and its (role, chunk id) rows; False if its idempotency key exists."""
-    stmt = _insert(session, ManifestRow).values(**row)
+    stmt = dialect_insert(session, ManifestRow).values(**row)
     stmt = stmt.on_conflict_do_nothing(index_elements=[ManifestRow.idempotency_key])
     inserted = session.execute(stmt.returning(ManifestRow.id)).scalar_one_or_none()
     if inserted is None:
         return False
     if chunks:
         session.execute(
-            _insert(session, ManifestChunkRow).values(
+            dialect_insert(session, ManifestChunkRow).values(
                 [
                     {"manifest": row["id"], "ordinal": i, "role": role, "chunk": chunk}
                     for i, (role, chunk) in enumerate(chunks)
@@ -313,7 +319,7 @@ def delete_condemned(*, session: Session, ids: Sequence[str], run_id: str) -> in
     return result.rowcount
 
 
-def _insert(session: Session, table: Any):
+def dialect_insert(session: Session, table: Any):
     dialect = session.get_bind().dialect.name
     if dialect == "postgresql":
         from sqlalchemy.dialects.postgresql import insert

@@ -12,6 +12,8 @@ Words (see DESIGN.md):
 - session continuation: the live slot's history was a prefix of the request. It has its
   own counter and never moves hits.
 - remote prefill: a peer computed state for us; its own counter, never a hit.
+- remote import: a peer's cut promoted into the durable tier or refused in quarantine
+  (`kvpack_remote_imports_total{outcome}`); the hit, if any, is the restore after it.
 - miss: no tier served; the request was prefilled from scratch (a verification failure
   that falls through to recompute is counted as a verification failure *and* a miss).
 - bytes served: billed from the manifest for durable and remote (`kvpack_bytes_served_total`);
@@ -36,6 +38,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 HIT_TIERS = ("resident", "durable", "remote")
+IMPORT_OUTCOMES = ("promoted", "refused")
 Tier = Literal["resident", "durable", "remote"]
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 DEFAULT_NAMESPACE = "default"
@@ -199,6 +202,13 @@ class Accounting:
         self._remote_prefills = Counter(
             "kvpack_remote_prefills", "Prefills computed by a peer (never a hit).", ns, registry=r
         )
+        self._remote_imports = Counter(
+            "kvpack_remote_imports",
+            "Remote imports by outcome: promoted into the durable tier, or refused and left "
+            "in quarantine (an import is not a hit; the restore that follows may be).",
+            ("outcome", *ns),
+            registry=r,
+        )
         self._misses = Counter(
             "kvpack_misses", "Requests no tier served (prefilled from scratch).", ns, registry=r
         )
@@ -282,6 +292,11 @@ class Accounting:
     def record_remote_prefill(self, *, namespace: str | None = None) -> None:
         self._labelled(self._remote_prefills, namespace).inc()
 
+    def record_remote_import(self, *, outcome: str, namespace: str | None = None) -> None:
+        if outcome not in IMPORT_OUTCOMES:
+            raise AccountingInputError("outcome", f"must be one of {IMPORT_OUTCOMES}")
+        self._labelled(self._remote_imports, namespace, outcome=outcome).inc()
+
     def record_miss(self, *, namespace: str | None = None) -> None:
         self._labelled(self._misses, namespace).inc()
 
@@ -320,3 +335,12 @@ class Accounting:
         """One sample's value (0.0 when the series does not exist yet)."""
         got = self.registry.get_sample_value(name, labels)
         return 0.0 if got is None else got
+
+    def total(self, name: str, **labels: str) -> float:
+        """The sum of `name`'s samples whose labels include `labels` (e.g. every tenant's)."""
+        return sum(
+            s.value
+            for family in self.registry.collect()
+            for s in family.samples
+            if s.name == name and labels.items() <= s.labels.items()
+        )

@@ -386,9 +386,10 @@ def run_attempt(
     data_dir = plan.work_dir / attempt_id
     data_dir.mkdir(parents=True)
     namespace = f"{plan.namespace}-{attempt_id}"
+    # --no-auth: the child listens on loopback only and serves this bench alone.
     argv = [plan.python, "-m", "kvpack.cli", "serve", "--host", "127.0.0.1", "--port", "0",
-            "--model", plan.model, "--data-dir", str(data_dir), "--namespace", namespace,
-            *plan.storage_argv, *plan.serve_argv]  # fmt: skip
+            "--no-auth", "--model", plan.model, "--data-dir", str(data_dir),
+            "--namespace", namespace, *plan.storage_argv, *plan.serve_argv]  # fmt: skip
     receipt: dict[str, Any] = {
         "kind": "kvpack.bench.attempt",
         "version": RECEIPT_VERSION,

@@ -6,7 +6,18 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("db", "bench_store", "engine", "serve", "bench", "demo")
+COMMANDS = (
+    "db",
+    "bench_store",
+    "engine",
+    "serve",
+    "bench",
+    "demo",
+    "api_keys",
+    "keys",
+    "peers",
+    "quarantine",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

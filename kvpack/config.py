@@ -10,6 +10,9 @@ variables, an optional TOML file, defaults.
     KVPACK_NAMESPACE     tenant namespace salt for chunk ids (default "default")
     KVPACK_ALIGNMENT     token alignment A (default 256)
     KVPACK_KEYRING       vault keyring file (default <data dir>/keyring.json, created 0600)
+    KVPACK_PRODUCER_KEY  producer signing keys (default <data dir>/producer-key.json, 0600)
+    KVPACK_PEERS         peers file (default <data dir>/peers.json; see kvpack/peers.py)
+    KVPACK_PEER_TIMEOUT  seconds one remote import may wait on a peer (default 10)
 
 The embedded default is SQLite plus a local directory under the data dir;
 pointing many instances at one PostgreSQL and one bucket is the same code.
@@ -18,6 +21,7 @@ pointing many instances at one PostgreSQL and one bucket is the same code.
 from __future__ import annotations
 
 import os
+import secrets
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -28,10 +32,12 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
 from cas.keys import Keyring
+from catalog.signing import ProducerKeys
 
 DEFAULT_DATA_DIR = Path("~/.kvpack")
 DEFAULT_ALIGNMENT = 256
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+PRODUCER_FILE = "producer-id"
 _ENV = {
     "data_dir": "KVPACK_DATA_DIR",
     "database_url": "KVPACK_DATABASE_URL",
@@ -39,7 +45,11 @@ _ENV = {
     "namespace": "KVPACK_NAMESPACE",
     "alignment": "KVPACK_ALIGNMENT",
     "keyring_path": "KVPACK_KEYRING",
+    "producer_key_path": "KVPACK_PRODUCER_KEY",
+    "peers_path": "KVPACK_PEERS",
+    "peer_timeout_s": "KVPACK_PEER_TIMEOUT",
 }
+DEFAULT_PEER_TIMEOUT_S = 10.0
 
 
 class ConfigError(ValueError):
@@ -56,8 +66,11 @@ class Settings:
     database_url: str
     store_url: str
     keyring_path: Path
+    producer_key_path: Path
+    peers_path: Path
     alignment: int = DEFAULT_ALIGNMENT
     namespace: str = "default"
+    peer_timeout_s: float = DEFAULT_PEER_TIMEOUT_S
 
     @classmethod
     def load(
@@ -108,21 +121,55 @@ class Settings:
             raise ConfigError("database_url", source, str(e)) from None
         store_url = str(get("store_url", (data_dir / "objects").as_uri())[0])
         keyring_path = Path(get("keyring_path", data_dir / "keyring.json")[0]).expanduser()
+        key_path = Path(get("producer_key_path", data_dir / "producer-key.json")[0]).expanduser()
+        peers_path = Path(get("peers_path", data_dir / "peers.json")[0]).expanduser()
+        timeout, source = get("peer_timeout_s", DEFAULT_PEER_TIMEOUT_S)
+        try:
+            timeout = float(timeout)
+        except (TypeError, ValueError):
+            raise ConfigError("peer_timeout_s", source, f"not a number: {timeout!r}") from None
+        if not timeout > 0:
+            raise ConfigError("peer_timeout_s", source, f"must be positive, got {timeout}")
         return cls(
             data_dir=data_dir,
             database_url=database_url,
             store_url=store_url,
             keyring_path=keyring_path.absolute(),
+            producer_key_path=key_path.absolute(),
+            peers_path=peers_path.absolute(),
             alignment=alignment,
             namespace=namespace,
+            peer_timeout_s=timeout,
         )
 
     def keyring(self) -> Keyring:
         """The vault keyring, created (mode 0600) on first use."""
         return Keyring.load_or_create(self.keyring_path)
 
+    def producer_keys(self) -> ProducerKeys:
+        """This vault's producer keys, created (mode 0600) on first use, named after the
+        vault's producer id."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        return ProducerKeys.load_or_create(self.producer_key_path, producer_id(self.data_dir))
+
     def make_engine(self, **kwargs: Any) -> Engine:
         return make_engine(self.database_url, **kwargs)
+
+
+def producer_id(data_dir: Path) -> str:
+    """This vault instance's producer id, created once in the data dir (written to a temp
+    file, then linked into place, so a concurrent opener never reads a half-written id)."""
+    path = data_dir / PRODUCER_FILE
+    if not path.exists():
+        tmp = data_dir / f".{PRODUCER_FILE}.{secrets.token_hex(4)}"
+        tmp.write_text(f"vault-{secrets.token_hex(8)}\n")
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another opener won; use its id
+        finally:
+            tmp.unlink()
+    return path.read_text().strip()
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

@@ -7,7 +7,8 @@
   id and one ChunkStore per tenant namespace (chunk ids are keyed per namespace). Its
   calls are synchronous; each raises the catalog's and cas's typed errors unchanged, so
   the ladder decides what is a verification failure and what is an outage.
-- producer: a stable id for this vault instance, kept in `<data dir>/producer-id`.
+- producer: a stable name for this vault, kept in `<data dir>/producer-id`; its Ed25519
+  keys (catalog/signing.py) sign every manifest envelope the tier seals.
 - catalog schema: `upgrade_catalog` runs Alembic `upgrade head` when the service opens,
   for the embedded SQLite default and for external URLs alike (the service never calls
   create_all).
@@ -16,10 +17,9 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import secrets
 import threading
 from collections.abc import Awaitable, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import TypeVar
 
@@ -30,16 +30,19 @@ from sqlalchemy.orm import Session
 from cas.chunks import ChunkStore
 from cas.keys import Keyring
 from cas.store import ObjectStore
-from catalog import ledger
+from catalog import ledger, queries
 from catalog.chain import TokenChain
+from catalog.gc import GcReport, collect
 from catalog.manifest import Manifest
+from catalog.models import ManifestRow
 from catalog.publish import LoadedCut, load_cut, publish
 from catalog.queries import Cut, find_deepest, record_hit
+from catalog.signing import MANIFEST_DOMAIN, Bundle, ProducerKeys
 from engine.identity import Identity
 from migrations import alembic_config
 
 T = TypeVar("T")
-PRODUCER_FILE = "producer-id"
+GC_NAMESPACE = "gc"  # any namespace: GC only deletes chunks by id
 
 
 def upgrade_catalog(database_url: str) -> None:
@@ -47,22 +50,6 @@ def upgrade_catalog(database_url: str) -> None:
     config = alembic_config(database_url)
     config.attributes["configure_logging"] = False
     command.upgrade(config, "head")
-
-
-def producer_id(data_dir: Path) -> str:
-    """This vault instance's producer id, created once in the data dir (written to a temp
-    file, then linked into place, so a concurrent opener never reads a half-written id)."""
-    path = data_dir / PRODUCER_FILE
-    if not path.exists():
-        tmp = data_dir / f".{PRODUCER_FILE}.{secrets.token_hex(4)}"
-        tmp.write_text(f"vault-{secrets.token_hex(8)}\n")
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass  # another opener won; use its id
-        finally:
-            tmp.unlink()
-    return path.read_text().strip()
 
 
 class IoLoop:
@@ -73,7 +60,7 @@ class IoLoop:
         self._thread = threading.Thread(target=self.loop.run_forever, name="kvpack-io", daemon=True)
         self._thread.start()
 
-    def run(self, coro: Awaitable[T], timeout: float) -> T:
+    def run(self, coro: Awaitable[T], timeout: float | None) -> T:
         """Run `coro` on the loop; TimeoutError (and cancellation) past `timeout` seconds."""
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
@@ -96,7 +83,7 @@ class DurableTier:
         objects: ObjectStore,
         keyring: Keyring,
         alignment: int,
-        producer: str,
+        producer_keys: ProducerKeys,
         io: IoLoop,
         timeout_s: float,
     ) -> None:
@@ -104,7 +91,8 @@ class DurableTier:
         self.objects = objects
         self.keyring = keyring
         self.alignment = alignment
-        self.producer = producer
+        self.producer_keys = producer_keys
+        self.producer = producer_keys.producer
         self.io = io
         self.timeout_s = timeout_s
         self._chunks: dict[str, ChunkStore] = {}
@@ -148,10 +136,14 @@ class DurableTier:
         identity: Identity,
         tokens: Sequence[int],
         layout: dict,
-        parts: Sequence[tuple[str, bytes]],
+        parts: Sequence[tuple[str, bytes | memoryview]],
         logits_witnessed: bool,
+        producer: str | None = None,
+        provenance: str = "local",
     ) -> Manifest:
-        """Publish the cut after `tokens` (idempotent: the same history is one manifest)."""
+        """Publish the cut after `tokens` (idempotent: the same history is one manifest).
+        A promoted remote import names its producer and its provenance ("peer:<name>");
+        this vault's key signs every envelope it seals either way."""
         coro = publish(
             chunks=self.chunks(namespace),
             db=self.db,
@@ -163,9 +155,34 @@ class DurableTier:
             planes=parts,
             layout=layout,
             logits_witnessed=logits_witnessed,
-            producer=self.producer,
+            producer=producer or self.producer,
+            provenance=provenance,
+            sign=lambda body: self.producer_keys.sign(MANIFEST_DOMAIN, body),
         )
         return self.io.run(coro, self.timeout_s)
+
+    def manifest_row(self, manifest_id: str) -> ManifestRow | None:
+        with Session(self.db) as session:
+            return queries.get_manifest_row(session=session, manifest_id=manifest_id)
+
+    def identity_components(self, identity: bytes) -> dict | None:
+        with Session(self.db) as session:
+            return queries.identity_components(session=session, identity=identity)
+
+    def collect(self, *, budget_bytes: int | None, grace: timedelta) -> GcReport:
+        """GC (catalog/gc.py): evict down to `budget_bytes`, then reclaim unreferenced
+        chunks older than `grace`. Chunk object keys do not depend on the namespace."""
+        coro = collect(
+            chunks=self.chunks(GC_NAMESPACE), db=self.db, budget_bytes=budget_bytes, grace=grace
+        )
+        return self.io.run(coro, None)
+
+    def rotate_producer_key(self, path: Path) -> Bundle:
+        """A new signing key endorsed by the current one, saved to `path` before use."""
+        keys = self.producer_keys.rotate()
+        keys.save(path)
+        self.producer_keys = keys
+        return keys.bundle()
 
     def record_hit(self, manifest_id: str) -> None:
         with Session(self.db) as session, session.begin():

@@ -2,9 +2,10 @@
 
 - ApiRequest: one validated /v1/chat/completions or /v1/completions body, already
   tokenized (the chat template applied for chat), ready to become a CompletionRequest.
-- ApiError: a request the server refuses; `status` (400 malformed, 404 unknown model,
-  413 too long for the context, 422 a field of the wrong type or out of range) and the
-  OpenAI error body naming the offending `param`.
+- ApiError: a request the server refuses; `status` (400 malformed, 401 no valid API key,
+  403 a key whose role the route refuses, 404 unknown model, 413 too long for the context,
+  422 a field of the wrong type or out of range) and the OpenAI error body naming the
+  offending `param`.
 - kvpack object: every response carries `kvpack: {tier, restore_seconds,
   prefill_seconds}` saying which tier served the prompt and what the restore cost;
   `usage.prompt_tokens_details.cached_tokens` counts the prompt tokens a tier served.
@@ -39,10 +40,17 @@ class ApiError(Exception):
     """A refused request: HTTP `status` and an OpenAI-style error body."""
 
     def __init__(
-        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = dict(headers or {})  # e.g. WWW-Authenticate on a 401
 
     def body(self) -> dict[str, Any]:
         kind = "invalid_request_error" if self.status < 500 else "server_error"

@@ -11,6 +11,10 @@ Routes: POST /v1/chat/completions and /v1/completions (SSE when `stream`), GET /
 /healthz, /metrics (Prometheus), /v1/economics. Each completion says which tier served it:
 the `kvpack` object in the body (for a stream: in the chunk with the finish reason) and,
 when not streaming, X-Kvpack-Tier / X-Kvpack-Restore-Seconds headers.
+
+Who may call what, and in which tenant namespace a completion runs, is kvpack/auth.py's:
+every request but /healthz carries an API key unless the app is built without an
+authenticator (anonymous: the front's default namespace).
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ import contextlib
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from engine.errors import InvalidRequest
 from engine.slots import Sampling
+from kvpack import admin, auth, export
 from kvpack.detok import TextStream
 from kvpack.openai_api import (
     ApiError,
@@ -137,12 +143,12 @@ class Front:
         except ValueError as e:  # ChatTemplateError: these messages do not fit the template
             raise ApiError(422, str(e), param="messages") from None
 
-    def submit(self, api: ApiRequest) -> Job:
+    def submit(self, api: ApiRequest, *, namespace: str) -> Job:
         req = CompletionRequest(
             tokens=api.tokens,
             max_tokens=api.max_tokens,
             sampling=Sampling(temperature=api.temperature, top_p=api.top_p, seed=api.seed),
-            namespace=self.namespace,
+            namespace=namespace,
         )
         job = Job(asyncio.get_running_loop(), TextStream(self.tokenizer.decode, api.stop))
         self.jobs.add(job)
@@ -176,7 +182,8 @@ def worker_error(e: BaseException) -> ApiError:
 async def _complete(request: web.Request, kind: Kind) -> web.StreamResponse:
     front = request.app[FRONT]
     api = front.parse(kind, await request.read())
-    job = front.submit(api)
+    namespace = auth.completion_namespace(request[auth.PRINCIPAL], front.namespace)
+    job = front.submit(api, namespace=namespace)
     try:
         if api.stream:
             return await _stream(request, front, job, api)
@@ -298,7 +305,7 @@ async def openai_errors(request: web.Request, handler: Any) -> web.StreamRespons
     try:
         return await handler(request)
     except ApiError as e:
-        return web.json_response(e.body(), status=e.status)
+        return web.json_response(e.body(), status=e.status, headers=e.headers)
     except web.HTTPException as e:
         if e.status < 400:
             raise
@@ -306,9 +313,20 @@ async def openai_errors(request: web.Request, handler: Any) -> web.StreamRespons
         return web.json_response(ApiError(e.status, message).body(), status=e.status)
 
 
-def make_app(service: Service, **front_options: Any) -> web.Application:
-    """The aiohttp application over `service`; the caller opens and closes the service."""
-    app = web.Application(middlewares=[openai_errors], client_max_size=MAX_BODY_BYTES)
+def make_app(
+    service: Service,
+    *,
+    authenticate: auth.Authenticator | None,
+    producer_key_path: Path | None = None,
+    **front_options: Any,
+) -> web.Application:
+    """The aiohttp application over `service`; the caller opens and closes the service.
+    `authenticate` checks every request's API key; None serves everyone anonymously.
+    Peer export (kvpack/export.py) and admin routes (kvpack/admin.py) ride along; key
+    rotation only when `producer_key_path` says where the rotated keys are saved."""
+    # openai_errors comes first, so it wraps (and renders) the auth middleware's refusals.
+    middlewares = [openai_errors, auth.middleware(authenticate)]
+    app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
     front = app[FRONT] = Front(service, **front_options)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
@@ -317,6 +335,8 @@ def make_app(service: Service, **front_options: Any) -> web.Application:
     app.router.add_get("/v1/economics", economics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
+    export.add_routes(app, service.exporter)
+    admin.add_routes(app, service, producer_key_path)
 
     async def stop_jobs(_app: web.Application) -> None:
         for job in list(front.jobs):

@@ -13,7 +13,7 @@
   prefilled K/V, so a cut taken while decoding would break bit-identity with a cold run.
 - tenant namespace: the identity's salt. Each namespace gets its own engine over the
   same weights (its identity differs only in the namespace component) and its own
-  chunk-id key, so no lookup crosses tenants.
+  chunk-id key, so no lookup crosses tenants; every counter carries it as a label.
 - opening: the catalog schema is upgraded to head (Alembic) for the embedded SQLite
   default and for an external database alike; the object store is opened from the
   settings' URL (S3 endpoint and credentials from `s3` or the environment).
@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,13 +40,17 @@ from engine.identity import Identity
 from engine.models import LoadedModel, load_model
 from engine.slots import GREEDY, Engine, Sampling, Slot
 from engine.snapshot import Snapshot, snapshot
-from kvpack.accounting import HIT_TIERS, Accounting
+from kvpack.accounting import Accounting
 from kvpack.config import Settings
-from kvpack.durable import DurableTier, IoLoop, producer_id, upgrade_catalog
+from kvpack.durable import DurableTier, IoLoop, upgrade_catalog
 from kvpack.economics import PairedTiming, summarize
+from kvpack.export import Exporter
 from kvpack.ladder import Ladder, NoPeers, RemoteTier, Tenant
 from kvpack.pairing import PrefillClock
+from kvpack.peers import Peer, load_peers
 from kvpack.publisher import DEFAULT_CAPACITY, Publisher
+from kvpack.quarantine import Quarantine
+from kvpack.remote import PeerTier
 from kvpack.resident import DEFAULT_BUDGET_BYTES, ResidentTier
 
 DURABLE_EVERY = 2048
@@ -62,7 +66,7 @@ class CompletionRequest:
     max_tokens: int
     sampling: Sampling = GREEDY
     stop: tuple[int, ...] = ()
-    namespace: str = "default"  # tenant namespace (issue 5 fills it from API keys)
+    namespace: str = "default"  # tenant namespace (the server takes it from the API key)
 
 
 @dataclass(frozen=True)
@@ -98,7 +102,7 @@ class Service:
         self.durable_every = durable_every
         self.durable = durable
         self.resident = resident
-        self.accounting = Accounting()
+        self.accounting = Accounting(per_namespace=True)  # counters per tenant
         self.publisher = Publisher(resident=resident, durable=durable, capacity=publish_queue)
         self.clock = PrefillClock()
         self.ladder = Ladder(
@@ -109,6 +113,14 @@ class Service:
             accounting=self.accounting,
             clock=self.clock,
         )
+        self.quarantine = Quarantine(
+            db=durable.db,
+            objects=durable.objects,
+            keyring=durable.keyring,
+            io=durable.io,
+            timeout_s=durable.timeout_s,
+        )
+        self.exporter = Exporter(durable)
         self._tenants: dict[str, Tenant] = {}
         self._tenants_lock = threading.Lock()
         self._closed = False
@@ -137,12 +149,12 @@ class Service:
             objects=open_object_store(settings.store_url, s3=s3),
             keyring=settings.keyring(),
             alignment=settings.alignment,
-            producer=producer_id(settings.data_dir),
+            producer_keys=settings.producer_keys(),
             io=io,
             timeout_s=io_timeout_s,
         )
         try:
-            return cls(
+            service = cls(
                 loaded=loaded,
                 num_slots=num_slots,
                 durable=durable,
@@ -151,9 +163,25 @@ class Service:
                 durable_every=durable_every,
                 publish_queue=publish_queue,
             )
+            peers = load_peers(settings.peers_path)
         except BaseException:
             durable.close()
             raise
+        if remote is None and peers:
+            service.use_peers(peers, timeout_s=settings.peer_timeout_s)
+        return service
+
+    def use_peers(self, peers: Sequence[Peer], *, timeout_s: float) -> PeerTier:
+        """Import from `peers` (in order) when no local tier can serve."""
+        tier = PeerTier(
+            peers=peers,
+            durable=self.durable,
+            quarantine=self.quarantine,
+            accounting=self.accounting,
+            timeout_s=timeout_s,
+        )
+        self.ladder.remote = tier
+        return tier
 
     def tenant(self, namespace: str) -> Tenant:
         """The tenant of `namespace`, created on first use (same weights, salted identity)."""
@@ -287,9 +315,7 @@ class Service:
             )
             for e in entries
         ]
-        restored = sum(
-            self.accounting.value("kvpack_restored_tokens_total", tier=t) for t in HIT_TIERS
-        )
+        restored = self.accounting.total("kvpack_restored_tokens_total")  # every tier, tenant
         summary = summarize(pairs, num_params=self.loaded.num_params, restored_tokens=int(restored))
         return {
             "model": self.loaded.name,
@@ -311,5 +337,7 @@ class Service:
         self._closed = True
         try:
             self.publisher.close(timeout)
+            if isinstance(self.ladder.remote, PeerTier):
+                self.ladder.remote.close()
         finally:
             self.durable.close()

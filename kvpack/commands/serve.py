@@ -6,6 +6,10 @@ variables, else the TOML file named by --config / KVPACK_CONFIG (see kvpack/conf
 S3 endpoint and credentials from flags, else AWS_ENDPOINT_URL / AWS_ACCESS_KEY_ID /
 AWS_SECRET_ACCESS_KEY. When it listens it prints one line starting with READY, which
 `kvpack bench` waits for.
+
+Every request but /healthz needs an API key (`kvpack api-keys create`), checked against
+the catalog on each request. --no-auth serves anyone, in the default namespace, and is
+refused unless --host is a loopback address.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import ipaddress
 import signal
 from urllib.parse import urlsplit
 
@@ -91,8 +96,19 @@ def register(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=4096, help="ceiling on one completion")
     p.add_argument("--context-length", type=int, help="default: the model's configuration")
     p.add_argument("--resident-budget-mib", type=int, help="resident tier byte budget (MiB)")
+    p.add_argument("--no-auth", action="store_true",
+                   help="no API keys: anyone may call (only with a loopback --host)")  # fmt: skip
     add_storage_arguments(p)
     p.set_defaults(func=run)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: we cannot know where it resolves
+        return False
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,6 +116,10 @@ def run(args: argparse.Namespace) -> int:
     from engine.models import ModelLoadError
     from kvpack.service import Service
 
+    if args.no_auth and not is_loopback(args.host):
+        print(f"kvpack serve: --no-auth serves anyone who can connect, so it needs a loopback "
+              f"--host (127.0.0.1, ::1, localhost), not {args.host!r}")  # fmt: skip
+        return 2
     try:
         settings = settings_from_args(args)
         s3 = s3_from_args(args, settings.store_url)
@@ -123,10 +143,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(service, settings: Settings, args: argparse.Namespace) -> None:
+    from kvpack.auth import any_active_key, catalog_authenticator
     from kvpack.server import make_app, start
 
     app = make_app(
         service,
+        authenticate=None if args.no_auth else catalog_authenticator(service.durable.db),
+        producer_key_path=settings.producer_key_path,
         namespace=settings.namespace,
         context_length=args.context_length,
         max_tokens=args.max_tokens,
@@ -142,6 +165,18 @@ async def _serve(service, settings: Settings, args: argparse.Namespace) -> None:
           f"identity {loaded.identity.hex[:16]}, namespace {settings.namespace}")  # fmt: skip
     print(f"kvpack serve: data dir {settings.data_dir}")
     print(f"kvpack serve: store {settings.store_url}, catalog {redacted(settings.database_url)}")
+    keys = service.durable.producer_keys
+    peers = ", ".join(p.name for p in getattr(service.ladder.remote, "peers", ())) or "none"
+    print(f"kvpack serve: producer {keys.producer} (key {keys.current_id}), peers: {peers}")
+    if args.no_auth:
+        print(f"kvpack serve: no API keys (--no-auth): whoever reaches {args.host} may call, "
+              f"in namespace {settings.namespace}")  # fmt: skip
+    else:
+        print("kvpack serve: API keys required (Authorization: Bearer <key>)")
+        if not await asyncio.to_thread(any_active_key, service.durable.db):
+            print("kvpack serve: warning: no API key exists, so every request but /healthz "
+                  "is refused; create one with `kvpack api-keys create --role tenant "
+                  "--namespace NAME`")  # fmt: skip
     print(f"{READY}{url}", flush=True)
     try:
         await stop.wait()

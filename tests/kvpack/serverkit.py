@@ -4,13 +4,17 @@ aiohttp app on a loopback port, its event loop on a background thread."""
 from __future__ import annotations
 
 import asyncio
+import http.client
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+from kvpack.auth import Authenticator
 from kvpack.config import Settings
 from kvpack.server import make_app, start
 from kvpack.service import CompletionRequest, CompletionResult, Service
@@ -24,12 +28,15 @@ def open_tiny_service(data_dir: Path) -> Service:
 
 
 @contextmanager
-def running(service: Any, **front_options: Any) -> Iterator[str]:
-    """Serve `service` on 127.0.0.1:<free port>; yields the base URL."""
+def running(
+    service: Any, *, authenticate: Authenticator | None = None, **front_options: Any
+) -> Iterator[str]:
+    """Serve `service` on 127.0.0.1:<free port> (anonymous unless `authenticate` is
+    given); yields the base URL."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    app = make_app(service, **front_options)
+    app = make_app(service, authenticate=authenticate, **front_options)
     runner, url = asyncio.run_coroutine_threadsafe(
         start(app, host="127.0.0.1", port=0), loop
     ).result(30)
@@ -42,6 +49,23 @@ def running(service: Any, **front_options: Any) -> Iterator[str]:
         loop.close()
 
 
+def call(url: str, method: str, path: str, *, token=None, body=None, authorization=None):
+    """(status, headers, parsed JSON body or raw bytes)."""
+    parts = urlsplit(url)
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    if authorization is not None:
+        headers["Authorization"] = authorization
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
+    resp = conn.getresponse()
+    raw = resp.read()
+    conn.close()
+    is_json = resp.getheader("Content-Type", "").startswith("application/json")
+    return resp.status, resp.headers, json.loads(raw) if is_json else raw
+
+
 class SlowService:
     """Fault injection around the real Service: each generated token arrives `delay_s`
     late (the engine keeps computing the real thing)."""
@@ -49,6 +73,9 @@ class SlowService:
     def __init__(self, inner: Service, delay_s: float) -> None:
         self.inner, self.delay_s = inner, delay_s
         self.loaded, self.accounting = inner.loaded, inner.accounting
+
+    def __getattr__(self, name: str) -> Any:  # the rest of the Service, unchanged
+        return getattr(self.inner, name)
 
     def complete(
         self,

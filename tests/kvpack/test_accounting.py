@@ -254,6 +254,18 @@ def test_per_namespace_labels_split_tenants():
         acc.record_miss(namespace="")
 
 
+def test_total_sums_the_series_that_carry_the_given_labels():
+    """Branch: total() adds every series of a name whose labels include the given ones
+    (all tenants, or one), where value() needs every label of one series."""
+    acc = Accounting(per_namespace=True)
+    acc.record_hit(durable_receipt(depth=256, namespace="acme"))
+    acc.record_hit(durable_receipt(depth=128, namespace="zeta"))
+    name = "kvpack_restored_tokens_total"
+    assert acc.total(name) == 384 and acc.total(name, tier="durable") == 384
+    assert acc.total(name, namespace="zeta") == 128 and acc.total(name, tier="resident") == 0
+    assert acc.value(name, tier="durable") == 0  # no series has the tier label alone
+
+
 def test_bad_recording_inputs_raise():
     """Branch: a negative prefill time, a non-int token count or a session-tier verification
     failure is refused with a typed error."""

@@ -41,8 +41,8 @@ LEG = {"model": "tiny", "max_tokens": 8, "timeout_s": 120.0}
 
 def serve_argv(module: str, data_dir: Path) -> list[str]:
     return [sys.executable, "-m", module, "serve", "--host", "127.0.0.1", "--port", "0",
-            "--model", "tiny", "--data-dir", str(data_dir), "--namespace", NAMESPACE,
-            "--alignment", str(TINY_A)]  # fmt: skip
+            "--no-auth", "--model", "tiny", "--data-dir", str(data_dir),
+            "--namespace", NAMESPACE, "--alignment", str(TINY_A)]  # fmt: skip
 
 
 def manifest_rows(settings: Settings) -> dict[str, ManifestRow]:

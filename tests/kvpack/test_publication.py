@@ -43,7 +43,7 @@ def test_full_queue_drops_with_count_and_never_blocks():
 
 class PeerThatPromotes:
     """A RemoteTier stand-in: a peer computed the cut; pull() stores it into the local
-    durable tier (as issue 5's quarantine promotion will) and says so."""
+    durable tier (as kvpack/remote.py's promotion does) and says so."""
 
     def __init__(self, svc):
         self.svc, self.pulls = svc, 0
@@ -79,8 +79,11 @@ def test_remote_tier_promotes_then_the_ladder_re_resolves_locally(settings, open
     assert (warm.tier, warm.cached_tokens) == ("remote", len(P))
     assert warm.tokens == cold.tokens and peer.pulls == 1
     after = local.accounting.snapshot()
-    assert after["kvpack_hits_total:remote"] - before["kvpack_hits_total:remote"] == 1
-    billed = after["kvpack_bytes_served_total:remote"] - before["kvpack_bytes_served_total:remote"]
+    # Per-tenant series exist once their tenant was seen: absent before means zero.
+    assert after["kvpack_hits_total:remote"] - before.get("kvpack_hits_total:remote", 0) == 1
+    billed = after["kvpack_bytes_served_total:remote"] - before.get(
+        "kvpack_bytes_served_total:remote", 0
+    )
     assert billed == deepest_cut(local, P).bytes
 
 

@@ -16,7 +16,17 @@ from kvpack.commands import db as db_command
 from kvpack.config import make_engine
 from migrations import HERE, alembic_config
 
-TABLES = {"identities", "manifests", "manifest_chunks", "chunks", "quarantine", "economics_ledger"}
+TABLES = {
+    "identities",
+    "manifests",
+    "manifest_chunks",
+    "chunks",
+    "quarantine",
+    "economics_ledger",
+    "trusted_keys",
+    "accepted_generations",
+    "api_keys",
+}
 
 
 def config(url):

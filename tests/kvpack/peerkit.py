@@ -1,0 +1,148 @@
+"""Two vaults on loopback: a producer A serving its packs to peers, an importer B, and a
+tampering proxy between them for fault injection (the real A stays behind it).
+
+- vault(): a real Service on the tiny model, its own data dir and catalog.
+- serve(): a real server over a service, with the catalog authenticator (API keys).
+- Proxy: forwards /v1/peer/... to A. Hooks rewrite the find request, the answer or
+  the planes, replay a recorded answer, or stall; everything else passes unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from sqlalchemy.orm import Session
+
+from cas.s3 import S3Config
+from catalog import access, trust
+from catalog.signing import Bundle
+from kvpack.auth import catalog_authenticator
+from kvpack.config import Settings
+from kvpack.server import make_app, start
+from kvpack.service import CompletionRequest, CompletionResult, Service
+from tests.engine.slotkit import TINY_A
+
+
+def vault(path: Path, *, s3: S3Config | None = None, **settings: Any) -> Service:
+    """A vault of its own: embedded by default, or the catalog and store `settings` name."""
+    config = Settings.load(data_dir=path, alignment=TINY_A, env={}, **settings)
+    return Service.open(config, model="tiny", s3=s3)
+
+
+def api_key(service: Service, *, role: str, namespace: str) -> str:
+    with Session(service.durable.db) as s, s.begin():
+        return access.create_key(session=s, role=role, namespace=namespace)
+
+
+def trust_producer(importer: Service, bundle: Bundle) -> None:
+    with Session(importer.durable.db) as s, s.begin():
+        trust.trust_bundle(session=s, bundle=bundle, now=datetime.now(UTC))
+
+
+def complete(service: Service, tokens: list[int], namespace: str = "default") -> CompletionResult:
+    return service.complete(CompletionRequest(tokens=tokens, max_tokens=8, namespace=namespace))
+
+
+class Loop:
+    """An event loop on a daemon thread, for servers the test talks to over HTTP."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Any, timeout: float = 60) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@contextmanager
+def serving(app: web.Application) -> Iterator[str]:
+    loop = Loop()
+    runner, url = loop.run(start(app, host="127.0.0.1", port=0))
+    try:
+        yield url
+    finally:
+        loop.run(runner.cleanup())
+        loop.close()
+
+
+@contextmanager
+def serve(service: Service, **options: Any) -> Iterator[str]:
+    app = make_app(service, authenticate=catalog_authenticator(service.durable.db), **options)
+    with serving(app) as url:
+        yield url
+
+
+class Proxy:
+    """A man in the middle on the peer routes; hooks are set by the test."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.on_find: Callable[[dict], dict] | None = None
+        self.on_answer: Callable[[bytes], bytes] | None = None
+        self.on_planes: Callable[[bytes], bytes] | None = None
+        self.stall_planes_s = 0.0
+        self.recorded: bytes | None = None  # the last genuine answer
+        self.replay = False
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        return app
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        if request.path == "/v1/peer/find" and self.on_find is not None:
+            body = json.dumps(self.on_find(json.loads(body))).encode()
+        if request.path == "/v1/peer/find" and self.replay and self.recorded is not None:
+            return web.Response(body=self.recorded, content_type="application/json")
+        headers = {"Authorization": request.headers.get("Authorization", "")}
+        if body:
+            headers["Content-Type"] = "application/json"
+        url = self.upstream + request.path_qs
+        async with (
+            aiohttp.ClientSession() as client,
+            client.request(request.method, url, data=body, headers=headers) as up,
+        ):
+            status, data, content_type = up.status, await up.read(), up.content_type
+        if request.path == "/v1/peer/find" and status == 200:
+            self.recorded = data
+            if self.on_answer is not None:
+                data = self.on_answer(data)
+        if request.path.endswith("/planes") and status == 200:
+            if self.stall_planes_s:
+                await asyncio.sleep(self.stall_planes_s)
+            if self.on_planes is not None:
+                data = self.on_planes(data)
+        return web.Response(status=status, body=data, content_type=content_type)
+
+
+def edit_statement(answer: bytes, edit: Callable[[bytes], bytes], *, signature=None) -> bytes:
+    """The answer with its statement bytes edited (and, optionally, a new signature)."""
+    doc = json.loads(answer)
+    raw = edit(base64.b64decode(doc["statement"]))
+    doc["statement"] = base64.b64encode(raw).decode()
+    if signature is not None:
+        doc["signature"] = base64.b64encode(signature(raw)).decode()
+    return json.dumps(doc).encode()
+
+
+def flip(data: bytes, at: int | None = None) -> bytes:
+    """One byte changed (the middle one unless `at` is given)."""
+    i = len(data) // 2 if at is None else at
+    return data[:i] + bytes([data[i] ^ 0x01]) + data[i + 1 :]

@@ -153,7 +153,7 @@ class PeerTier:
             parts = _check_planes(statement, data, ask.identity)
             self._accept(statement)
             manifest = self.durable.publish(
-                namespace=ask.identity.components["namespace"],
+                namespace=ns,
                 identity=ask.identity,
                 tokens=ask.tokens[: statement.depth],
                 layout=dict(statement.layout),

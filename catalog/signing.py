@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -244,12 +246,29 @@ class ProducerKeys:
             raise ValueError(f"producer key file {path}: {e}") from None
 
     @classmethod
-    def load_or_create(cls, path: Path, producer: str) -> ProducerKeys:
-        if path.exists():
-            return cls.load(path)
+    def create(cls, path: Path, producer: str) -> ProducerKeys:
+        """A new key file at `path`; FileExistsError if one is there. Written beside it,
+        then linked into place, so a file another process created meanwhile is never
+        replaced (two processes never sign with different first keys)."""
         keys = cls.generate(producer)
-        keys.save(path)
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+        keys.save(tmp)
+        try:
+            os.link(tmp, path)
+        finally:
+            tmp.unlink()
         return keys
+
+    @classmethod
+    def load_or_create(cls, path: Path, producer: str) -> ProducerKeys:
+        try:
+            return cls.load(path)
+        except FileNotFoundError:
+            pass
+        try:
+            return cls.create(path, producer)
+        except FileExistsError:  # another process created it first: use theirs
+            return cls.load(path)
 
 
 def verify(public_keys: Mapping[str, bytes], domain: bytes, message: bytes, slot: bytes) -> str:

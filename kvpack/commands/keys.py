@@ -18,8 +18,6 @@ rotation), so rotate a running server through POST /v1/admin/keys/rotate instead
 from __future__ import annotations
 
 import argparse
-import os
-import secrets
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -71,17 +69,10 @@ def _generate(args: argparse.Namespace) -> int:
     if path.exists():
         raise UsageError(f"{path} exists already (`kvpack keys rotate` adds a key to it)")
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    keys = ProducerKeys.generate(producer_id(settings.data_dir))
-    # Save beside the target, then link: a key file that appeared meanwhile (a server
-    # starting) is never replaced.
-    tmp = path.with_name(f".{path.stem}-{secrets.token_hex(4)}.json")
-    keys.save(tmp)
-    try:
-        os.link(tmp, path)
+    try:  # never replaces a key file that appeared meanwhile (a server starting)
+        keys = ProducerKeys.create(path, producer_id(settings.data_dir))
     except FileExistsError:
         raise UsageError(f"{path} exists already") from None
-    finally:
-        tmp.unlink()
     print(f"producer {keys.producer}, key {keys.current_id} (in {path})")
     return 0
 

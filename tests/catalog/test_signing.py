@@ -114,3 +114,12 @@ def test_statement_round_trips_and_refuses_anything_non_canonical():
         decode(json.dumps(doc, sort_keys=True, indent=1).encode())
     with pytest.raises(StatementInvalid, match="not JSON"):
         decode(b"\xff")
+
+
+def test_a_key_file_is_created_once_and_never_replaced(tmp_path):
+    path = tmp_path / "producer-key.json"
+    first = ProducerKeys.create(path, "vault-a")
+    with pytest.raises(FileExistsError):
+        ProducerKeys.create(path, "vault-a")
+    assert ProducerKeys.load_or_create(path, "vault-a").current_id == first.current_id
+    assert [p.name for p in tmp_path.iterdir()] == ["producer-key.json"]  # no temp left

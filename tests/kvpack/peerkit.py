@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -28,9 +27,9 @@ from catalog import access, trust
 from catalog.signing import Bundle
 from kvpack.auth import catalog_authenticator
 from kvpack.config import Settings
-from kvpack.server import make_app, start
 from kvpack.service import CompletionRequest, CompletionResult, Service
 from tests.engine.slotkit import TINY_A
+from tests.kvpack.serverkit import running
 
 
 def vault(path: Path, *, s3: S3Config | None = None, **settings: Any) -> Service:
@@ -53,38 +52,10 @@ def complete(service: Service, tokens: list[int], namespace: str = "default") ->
     return service.complete(CompletionRequest(tokens=tokens, max_tokens=8, namespace=namespace))
 
 
-class Loop:
-    """An event loop on a daemon thread, for servers the test talks to over HTTP."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Any, timeout: float = 60) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
-
-
-@contextmanager
-def serving(app: web.Application) -> Iterator[str]:
-    loop = Loop()
-    runner, url = loop.run(start(app, host="127.0.0.1", port=0))
-    try:
-        yield url
-    finally:
-        loop.run(runner.cleanup())
-        loop.close()
-
-
 @contextmanager
 def serve(service: Service, **options: Any) -> Iterator[str]:
-    app = make_app(service, authenticate=catalog_authenticator(service.durable.db), **options)
-    with serving(app) as url:
+    """A real server over `service` that asks for API keys (the catalog authenticator)."""
+    with running(service, authenticate=catalog_authenticator(service.durable.db), **options) as url:
         yield url
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from aiohttp import web
+
 from kvpack.auth import Authenticator
 from kvpack.config import Settings
 from kvpack.server import make_app, start
@@ -28,15 +30,12 @@ def open_tiny_service(data_dir: Path) -> Service:
 
 
 @contextmanager
-def running(
-    service: Any, *, authenticate: Authenticator | None = None, **front_options: Any
-) -> Iterator[str]:
-    """Serve `service` on 127.0.0.1:<free port> (anonymous unless `authenticate` is
-    given); yields the base URL."""
+def serving(app: web.Application) -> Iterator[str]:
+    """Serve an aiohttp app on 127.0.0.1:<free port> from a loop on its own thread;
+    yields the base URL."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    app = make_app(service, authenticate=authenticate, **front_options)
     runner, url = asyncio.run_coroutine_threadsafe(
         start(app, host="127.0.0.1", port=0), loop
     ).result(30)
@@ -47,6 +46,15 @@ def running(
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
+
+
+@contextmanager
+def running(
+    service: Any, *, authenticate: Authenticator | None = None, **front_options: Any
+) -> Iterator[str]:
+    """Serve `service` (anonymous unless `authenticate` is given); yields the base URL."""
+    with serving(make_app(service, authenticate=authenticate, **front_options)) as url:
+        yield url
 
 
 def call(url: str, method: str, path: str, *, token=None, body=None, authorization=None):
@@ -72,7 +80,6 @@ class SlowService:
 
     def __init__(self, inner: Service, delay_s: float) -> None:
         self.inner, self.delay_s = inner, delay_s
-        self.loaded, self.accounting = inner.loaded, inner.accounting
 
     def __getattr__(self, name: str) -> Any:  # the rest of the Service, unchanged
         return getattr(self.inner, name)
@@ -90,6 +97,3 @@ class SlowService:
                 on_token(token)
 
         return self.inner.complete(req, on_token=slow, cancel=cancel)
-
-    def economics(self) -> dict[str, Any]:
-        return self.inner.economics()

@@ -3,9 +3,6 @@ the admin API (admin keys only)."""
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -14,6 +11,7 @@ from cas.errors import ObjectMissing
 from cas.layout import object_key
 from catalog.signing import ProducerKeys
 from tests.kvpack.peerkit import api_key, serve, vault
+from tests.kvpack.serverkit import call
 
 IDENT = b"\5" * 32
 
@@ -55,17 +53,6 @@ def test_collect_drops_imports_past_retention_bytes_first(service):
     assert q.collect(retention=timedelta(hours=1)) == 0 and q.show(keep) is not None
 
 
-def call(url, path, key, method="GET", body=None):
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url + path, data=data, method=method,
-                                 headers={"Authorization": f"Bearer {key}"})  # fmt: skip
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 def test_admin_api_lists_shows_and_drops_imports_and_runs_gc(service):
     q = service.quarantine
     import_id = q.open(peer="a", identity=IDENT)
@@ -73,17 +60,17 @@ def test_admin_api_lists_shows_and_drops_imports_and_runs_gc(service):
     admin = api_key(service, role="admin", namespace="*")
     tenant = api_key(service, role="tenant", namespace="default")
     with serve(service) as url:
-        assert call(url, "/v1/admin/quarantine", tenant)[0] == 403
-        status, listed = call(url, "/v1/admin/quarantine?state=refused", admin)
+        assert call(url, "GET", "/v1/admin/quarantine", token=tenant)[0] == 403
+        status, _, listed = call(url, "GET", "/v1/admin/quarantine?state=refused", token=admin)
         assert status == 200 and [i["import_id"] for i in listed["imports"]] == [import_id]
-        status, shown = call(url, f"/v1/admin/quarantine/{import_id}", admin)
+        status, _, shown = call(url, "GET", f"/v1/admin/quarantine/{import_id}", token=admin)
         assert status == 200 and shown["reason"].startswith("truncated planes")
-        assert call(url, "/v1/admin/quarantine?state=served", admin)[0] == 400
-        assert call(url, f"/v1/admin/quarantine/{import_id}", admin, "DELETE")[0] == 200
-        assert call(url, f"/v1/admin/quarantine/{import_id}", admin, "DELETE")[0] == 404
-        status, report = call(url, "/v1/admin/gc", admin, "POST", {"budget_bytes": 0})
+        assert call(url, "GET", "/v1/admin/quarantine?state=served", token=admin)[0] == 400
+        assert call(url, "DELETE", f"/v1/admin/quarantine/{import_id}", token=admin)[0] == 200
+        assert call(url, "DELETE", f"/v1/admin/quarantine/{import_id}", token=admin)[0] == 404
+        status, _, report = call(url, "POST", "/v1/admin/gc", token=admin, body={"budget_bytes": 0})
         assert status == 200 and report["quarantine_dropped"] == 0
-        assert call(url, "/v1/admin/gc", admin, "POST", {"budget_bytes": -1})[0] == 400
+        assert call(url, "POST", "/v1/admin/gc", token=admin, body={"budget_bytes": -1})[0] == 400
     assert q.list() == []
 
 
@@ -92,7 +79,7 @@ def test_admin_key_rotation_saves_the_endorsed_key_and_signs_with_it(service, tm
     before = service.durable.producer_keys.current_id
     admin = api_key(service, role="admin", namespace="*")
     with serve(service, producer_key_path=path) as url:
-        status, bundle = call(url, "/v1/admin/keys/rotate", admin, "POST")
+        status, _, bundle = call(url, "POST", "/v1/admin/keys/rotate", token=admin)
     assert status == 200
     [first, second] = bundle["keys"]
     assert (first["id"], second["endorsed_by"]) == (before, before)

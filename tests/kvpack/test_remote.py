@@ -4,10 +4,7 @@ quarantined with its reason, never served, and the request still answers by reco
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -30,10 +27,10 @@ from tests.kvpack.peerkit import (
     edit_statement,
     flip,
     serve,
-    serving,
     trust_producer,
     vault,
 )
+from tests.kvpack.serverkit import call, serving
 
 P = prompt(150, seed=11)  # two aligned blocks and an exact end
 Q = prompt(150, seed=12)  # another prompt A has computed
@@ -262,14 +259,8 @@ def test_find_refuses_links_that_do_not_form_a_chain(producer):
         "links": [[d + 1, h.hex()] for d, h in chain.links],
         "min_depth": 0,
     }
-    req = urllib.request.Request(
-        producer.url + "/v1/peer/find",
-        data=json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {producer.key}", "Content-Type": "application/json"},
-    )
-    with pytest.raises(urllib.error.HTTPError) as e:
-        urllib.request.urlopen(req, timeout=10)
-    assert e.value.code == 400
+    status, _, _ = call(producer.url, "POST", "/v1/peer/find", token=producer.key, body=body)
+    assert status == 400
 
 
 def test_a_peer_that_timed_out_is_not_asked_again_during_its_backoff(producer, importer):

@@ -105,7 +105,7 @@ class Exporter:
         cut = Cut(row.id, row.depth, row.aligned, True, row.logits_witnessed, row.bytes,
                   row.object_key)  # fmt: skip
         loaded = self._load(row, namespace, cut)
-        return None if loaded is None else b"".join(bytes(data) for _, data in loaded.planes)
+        return None if loaded is None else b"".join(data for _, data in loaded.planes)
 
     def _namespace(self, identity: bytes, scope: str) -> str | None:
         components = self.durable.identity_components(identity) or {}

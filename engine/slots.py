@@ -11,7 +11,7 @@
 - aligned prefill: tokens go through the model in steps that end on absolute multiples of
   A (first up to the next multiple, then whole A-sized steps, then the remainder), so an
   aligned cut restored and prefilled to the end computes exactly what a cold run computes.
-- Sampling: greedy (temperature 0) or seeded temperature/top-p with an explicit key chain.
+- generation: decoding from the witnessed logits with a Sampling (engine/sampling.py).
 """
 
 from __future__ import annotations
@@ -25,33 +25,10 @@ import mlx.core as mx
 
 from engine.errors import EmptySlot, InvalidRequest, LogitsMissing
 from engine.layout import KVLayout, dtype_name
+from engine.sampling import GREEDY, Sampling, draw
 
 FinishReason = Literal["stop", "length", "cancelled"]
 Cancel = threading.Event | Callable[[], bool] | None
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """temperature 0 is greedy; otherwise top-p sampling keyed by `seed` (same seed, same draw)."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.temperature >= 0.0:
-            raise InvalidRequest("temperature", f"must be >= 0, got {self.temperature!r}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise InvalidRequest("top_p", f"must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
-            raise InvalidRequest("seed", f"must be an int in [0, 2**64), got {self.seed!r}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-
-GREEDY = Sampling()
 
 
 @dataclass
@@ -194,7 +171,7 @@ class Slot:
                     token = int(mx.argmax(self._state.logits).item())
                 else:
                     key, sub = mx.random.split(key)
-                    token = _sample(self._state.logits, sampling, sub)
+                    token = draw(self._state.logits, sampling, sub)
                 if token in stops:
                     out.finish_reason, out.stop_token = "stop", token
                     return out
@@ -227,21 +204,6 @@ def _cancelled(cancel: Cancel) -> bool:
     if isinstance(cancel, threading.Event):
         return cancel.is_set()
     return bool(cancel())
-
-
-def _sample(logits: mx.array, sampling: Sampling, key: mx.array) -> int:
-    logprobs = logits.astype(mx.float32)
-    logprobs = logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
-    if sampling.top_p < 1.0:
-        # Nucleus: keep the most likely tokens whose mass reaches top_p (as mlx-lm does).
-        ordered = mx.sort(logprobs, axis=-1)
-        probs = mx.exp(ordered)
-        above = mx.cumsum(probs, axis=-1, reverse=True, inclusive=False)
-        dropped = (above >= sampling.top_p).sum(axis=-1, keepdims=True)
-        threshold = mx.take_along_axis(ordered, dropped, axis=-1)
-        logprobs = mx.where(logprobs < threshold, -mx.inf, logprobs)
-    token = mx.random.categorical(logprobs * (1.0 / sampling.temperature), key=key)
-    return int(token.item())
 
 
 class Engine:

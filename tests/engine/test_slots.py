@@ -8,7 +8,8 @@ import mlx.core as mx
 import pytest
 
 from engine.errors import EmptySlot, InvalidRequest, LogitsMissing
-from engine.slots import Engine, Sampling, aligned_steps
+from engine.sampling import Sampling
+from engine.slots import Engine, aligned_steps
 from tests.engine.slotkit import TINY_A, cold, logits_bytes, prompt, tiny, tiny_engine
 
 

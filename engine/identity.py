@@ -8,11 +8,12 @@ Components (all from content, never from names):
 - model_args: the architecture's full configuration,
 - compute: device, BLAS (library, version, kernel family) and MLX version — the things
   that round differently, so a state computed elsewhere would not continue bit-identically,
-- alignment, pack_format, namespace (the tenant salt).
+- alignment (A, the token count of a block), pack_format, namespace (the tenant salt).
 
-Two states are interchangeable only under the same identity digest. Weight digests
-of files are remembered in a small JSON cache keyed by (path, size, mtime_ns), so a
-restart does not rehash unchanged files.
+Two states are interchangeable only under the same identity digest. A tenant's identity
+is the model's with another namespace (`with_namespace`): same components, other salt.
+Weight digests of files are remembered in a small JSON cache keyed by (path, size,
+mtime_ns), so a restart does not rehash unchanged files.
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engine import blas
+from engine.errors import InvalidRequest
 from engine.layout import KVLayout
 from engine.tokenizer import Tokenizer
 
-# Version of the plane/pack encoding (engine/planes.py); a new encoding is a new identity.
+# Version of the plane/pack encoding (engine/codec/); a new encoding is a new identity.
 PACK_FORMAT_VERSION = 1
 NO_ADAPTER = "none"
 _DOMAIN = b"kvpack.identity.v1\0"
@@ -79,6 +81,19 @@ class Identity:
     @property
     def short(self) -> str:
         return self.digest.hex()[:12]
+
+    @property
+    def namespace(self) -> str:
+        return str(self.components["namespace"])
+
+    @property
+    def alignment(self) -> int:
+        return int(self.components["alignment"])
+
+    def with_namespace(self, namespace: str) -> Identity:
+        """The same components under another namespace salt: another tenant, another digest."""
+        _check_namespace(namespace)
+        return Identity.of({**self.components, "namespace": namespace})
 
     @classmethod
     def of(cls, components: Mapping[str, Any]) -> Identity:
@@ -145,9 +160,8 @@ def build_identity(
     compute: Mapping[str, str] | None = None,
 ) -> Identity:
     if not isinstance(alignment, int) or alignment <= 0:
-        raise ValueError(f"alignment must be a positive int, got {alignment!r}")
-    if not isinstance(namespace, str) or not namespace:
-        raise ValueError(f"namespace must be a non-empty string, got {namespace!r}")
+        raise InvalidRequest("alignment", f"must be a positive int, got {alignment!r}")
+    _check_namespace(namespace)
     model_args, rope, scalars = model_settings(model)
     return Identity.of(
         {
@@ -165,6 +179,11 @@ def build_identity(
             "namespace": namespace,
         }
     )
+
+
+def _check_namespace(namespace: object) -> None:
+    if not isinstance(namespace, str) or not namespace:
+        raise InvalidRequest("namespace", f"must be a non-empty string, got {namespace!r}")
 
 
 def arrays_digest(arrays: Mapping[str, mx.array]) -> bytes:

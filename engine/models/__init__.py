@@ -5,13 +5,15 @@
   safetensors + tokenizer.json), or a path to a llama-architecture GGUF file.
 - LoadedModel: an mlx-lm module, its tokenizer, its identity and KV layout; make_cache()
   returns fresh mlx-lm caches (KVCache for full layers, RotatingKVCache for sliding ones).
+  Its alignment is its identity's; `with_namespace` gives the same model (same module,
+  shared) under a tenant's identity.
 
 Nothing here downloads: a spec that is not built in must be a local path.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -43,8 +45,14 @@ class LoadedModel:
     identity: Identity
     num_params: int
     layout: KVLayout
-    alignment: int
     dtype: mx.Dtype
+
+    @property
+    def alignment(self) -> int:
+        return self.identity.alignment
+
+    def with_namespace(self, namespace: str) -> LoadedModel:
+        return replace(self, identity=self.identity.with_namespace(namespace))
 
     def make_cache(self) -> list[Any]:
         return make_prompt_cache(self.model)
@@ -88,7 +96,6 @@ def assemble(
         identity=identity,
         num_params=count_params(model),
         layout=layout,
-        alignment=alignment,
         dtype=dtype,
     )
 

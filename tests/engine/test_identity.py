@@ -11,6 +11,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models import gemma3_text
 
+from engine.errors import InvalidRequest
 from engine.identity import (
     NO_ADAPTER,
     Identity,
@@ -107,6 +108,35 @@ def test_namespace_salt_separates_tenants():
         load_model("tiny", namespace="")
     with pytest.raises(ValueError, match="alignment"):
         load_model("tiny", alignment=0)
+
+
+def test_with_namespace_is_the_tenant_identity():
+    """Identity.with_namespace: the identity load_model builds under that namespace (so a
+    tenant's pool and a tenant's vault agree), differing from the original only in the
+    namespace component; namespace and alignment read back from the components; an empty
+    namespace is an InvalidRequest naming the field."""
+    base = load_model("tiny", alignment=128)
+    tenant = base.identity.with_namespace("tenant-b")
+    assert tenant == load_model("tiny", alignment=128, namespace="tenant-b").identity
+    assert tenant.digest != base.identity.digest
+    assert {k: v for k, v in tenant.components.items() if k != "namespace"} == {
+        k: v for k, v in base.identity.components.items() if k != "namespace"
+    }
+    assert (tenant.namespace, tenant.alignment) == ("tenant-b", 128)
+    assert (base.identity.namespace, base.alignment) == ("default", 128)
+    with pytest.raises(InvalidRequest) as e:
+        base.identity.with_namespace("")
+    assert e.value.field == "namespace"
+
+
+def test_loaded_model_with_namespace_shares_the_model():
+    """LoadedModel.with_namespace: same module and tokenizer, the tenant's identity, and
+    the alignment read from that identity."""
+    base = load_model("tiny", alignment=64)
+    tenant = base.with_namespace("tenant-c")
+    assert tenant.model is base.model and tenant.tokenizer is base.tokenizer
+    assert tenant.identity == base.identity.with_namespace("tenant-c")
+    assert tenant.alignment == 64
 
 
 def test_same_content_same_digest_and_describe():

@@ -1,8 +1,8 @@
 """Engine benchmark: what a restore costs against the prefill it replaces.
 
-For each depth, one run on one model: a cold aligned prefill, a snapshot of the slot, the
-planes encoded, a restore from the in-memory snapshot and one from the encoded parts
-(decode + restore), and — for the same cache — mlx-lm's save_prompt_cache /
+For each depth, one run on one model: a cold aligned prefill, an export of the slot (a
+Snapshot), its planes encoded, a restore from the in-memory snapshot and one from the
+planes (decode + restore), and — for the same cache — mlx-lm's save_prompt_cache /
 load_prompt_cache through a temporary file (the load is evaluated, since mx.load is lazy).
 
 Leg validity gate: each restored slot must hold the cold run's logits bit for bit, or the
@@ -23,10 +23,8 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 
-from engine import blas, planes
-from engine.restore import restore
-from engine.slots import Engine, cache_arrays
-from engine.snapshot import snapshot
+from engine import blas
+from engine.slots import SlotPool, cache_arrays
 
 DEPTHS = (256, 512, 1024, 2048)
 _TEXT = (
@@ -71,13 +69,12 @@ def run(
     loaded: Any,
     *,
     depths: Sequence[int] = DEPTHS,
-    alignment: int = 256,
     log: Callable[[str], None] = print,
 ) -> list[Row]:
-    engine = Engine(loaded, num_slots=2, alignment=alignment)
-    cold, warm = engine.slot(0), engine.slot(1)
+    pool = SlotPool(loaded, num_slots=2)
+    cold, warm = pool.slot(0), pool.slot(1)
     # Warm-up (first-call allocations) doubles as the miss control: an unrelated prompt.
-    warm.prefill(bench_tokens(loaded.tokenizer, alignment, salt="Unrelated. "))
+    warm.prefill(bench_tokens(loaded.tokenizer, pool.alignment, salt="Unrelated. "))
     control = bytes(memoryview(warm.logits))
     rows = []
     with tempfile.TemporaryDirectory(prefix="kvpack-bench-") as tmp:
@@ -87,18 +84,13 @@ def run(
             cold.reset()
             _, prefill_s = _timed(lambda: cold.prefill(tokens))  # noqa: B023
             expected = bytes(memoryview(cold.logits))
-            snap, snap_s = _timed(lambda: snapshot(cold))  # noqa: B023
-            (layout, parts), enc_s = _timed(lambda: planes.encode(snap))  # noqa: B023
+            snap, snap_s = _timed(cold.export)
+            planes, enc_s = _timed(snap.planes)
             warm.reset()
-            _, mem_s = _timed(lambda: restore(warm, snap, tokens=tokens, mode="exact"))  # noqa: B023
+            _, mem_s = _timed(lambda: warm.restore(snap, prompt=tokens))  # noqa: B023
             ok = bytes(memoryview(warm.logits)) == expected
             warm.reset()
-
-            def from_parts() -> None:
-                decoded = planes.decode(layout, parts)  # noqa: B023
-                restore(warm, decoded, tokens=tokens, mode="exact")  # noqa: B023
-
-            _, parts_s = _timed(from_parts)
+            _, parts_s = _timed(lambda: warm.restore(planes, prompt=tokens))  # noqa: B023
             ok = ok and bytes(memoryview(warm.logits)) == expected and expected != control
             _, save_s = _timed(lambda: save_prompt_cache(path, cold.state.cache))  # noqa: B023
 
@@ -113,7 +105,7 @@ def run(
                 encode_ms=enc_s * 1e3,
                 restore_mem_ms=mem_s * 1e3,
                 restore_parts_ms=parts_s * 1e3,
-                planes_mib=sum(len(b) for _, b in parts) / 2**20,
+                planes_mib=planes.nbytes / 2**20,
                 save_ms=save_s * 1e3,
                 load_ms=load_s * 1e3,
                 file_mib=Path(path).stat().st_size / 2**20,
@@ -149,7 +141,7 @@ def main(model: str = "smollm2", *, depths: Sequence[int] = DEPTHS, alignment: i
     )
     print(f"blas: {status.library or 'MLX bundled'} ({status.reason})")
     print(HEADER)
-    rows = run(loaded, depths=depths, alignment=alignment)
+    rows = run(loaded, depths=depths)
     if not all(r.valid for r in rows):
         print("INVALID: a restored slot did not reproduce the cold run's logits bit for bit")
         return 1

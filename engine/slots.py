@@ -1,6 +1,6 @@
 """Slots: a fixed number of sessions over one loaded model.
 
-- Engine: one LoadedModel, its alignment A, and `num_slots` slots.
+- SlotPool: one LoadedModel and `num_slots` slots; its alignment A is the identity's.
 - Slot: one session — its mlx-lm cache (one cache object per layer), its token history
   (every token that went through the model, in order) and its last logits (the row of the
   final position after the last forward). The logits are *witnessed*: they came from a
@@ -8,6 +8,8 @@
   logit-less ancestor) must prefill before it can decode.
 - SlotState: the three together. A slot holds one SlotState reference; restore swaps in a
   new one with a single assignment, so no reader ever sees a half-installed state.
+- cut: `Slot.export()` gives the slot's state as a Snapshot; `Slot.restore(cut, prompt=)`
+  installs a Snapshot or Planes (engine/state.py) for the request `prompt`.
 - aligned prefill: tokens go through the model in steps that end on absolute multiples of
   A (first up to the next multiple, then whole A-sized steps, then the remainder), so an
   aligned cut restored and prefilled to the end computes exactly what a cold run computes.
@@ -19,13 +21,19 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import mlx.core as mx
 
-from engine.errors import EmptySlot, InvalidRequest, LogitsMissing
+from engine import codec, restore
+from engine.errors import EmptySlot, InvalidRequest, LogitsMissing, ShapeMismatch
 from engine.layout import KVLayout, dtype_name
 from engine.sampling import GREEDY, Sampling, draw
+from engine.state import Planes, Snapshot
+
+if TYPE_CHECKING:
+    from engine.identity import Identity
+    from engine.models import LoadedModel
 
 FinishReason = Literal["stop", "length", "cancelled"]
 Cancel = threading.Event | Callable[[], bool] | None
@@ -55,6 +63,9 @@ class SlotState:
     logits: mx.array | None
     cold: bool = True
 
+    def arrays(self) -> list[mx.array]:
+        return cache_arrays(self.cache) + ([self.logits] if self.logits is not None else [])
+
 
 def aligned_steps(start: int, end: int, alignment: int) -> Iterator[tuple[int, int]]:
     """(lo, hi) steps from `start` to `end` whose ends fall on absolute multiples of A."""
@@ -70,14 +81,14 @@ def cache_arrays(cache: Sequence[Any]) -> list[mx.array]:
 
 
 class Slot:
-    """One session of an Engine. Operations hold the slot's lock, so a restore never
+    """One session of a SlotPool. Operations hold the slot's lock, so a restore never
     interleaves with a decode step of the same slot."""
 
-    def __init__(self, engine: Engine, index: int) -> None:
-        self.engine = engine
+    def __init__(self, pool: SlotPool, index: int) -> None:
+        self.pool = pool
         self.index = index
         self.lock = threading.RLock()
-        self._state = engine.fresh_state()
+        self._state = pool.fresh_state()
 
     # -- reading -------------------------------------------------------------------------
     @property
@@ -104,6 +115,27 @@ class Slot:
     def cold(self) -> bool:
         return self._state.cold
 
+    # -- cuts ----------------------------------------------------------------------------
+    def export(self) -> Snapshot:
+        """The slot's current cut (evaluated views of its cache); EmptySlot on a fresh slot."""
+        with self.lock:
+            if not self._state.tokens:
+                raise EmptySlot(self.index, "export")
+            return codec.export(self.pool, self._state)
+
+    def restore(self, cut: Snapshot | Planes, *, prompt: Sequence[int]) -> Snapshot:
+        """Install `cut` as the first cut.depth tokens of the request `prompt` (which the
+        caller has matched to the cut's token chain): "exact" when it covers the whole
+        prompt, else "ancestor" (then prefill the rest). Planes are decoded first. Returns
+        the installed Snapshot; raises a RestoreRefused with the slot unchanged when the
+        cut does not decode or fit — a cut deeper than the prompt is a ShapeMismatch."""
+        snapshot = cut.decode() if isinstance(cut, Planes) else cut
+        if snapshot.depth > len(prompt):
+            raise ShapeMismatch("depth (prompt tokens)", f"<= {len(prompt)}", snapshot.depth)
+        mode: restore.Mode = "exact" if snapshot.depth == len(prompt) else "ancestor"
+        restore.restore(self, snapshot, tokens=prompt[: snapshot.depth], mode=mode)
+        return snapshot
+
     # -- the swap ------------------------------------------------------------------------
     def commit(self, state: SlotState) -> None:
         """Install a fully prepared state: one reference assignment, which cannot fail."""
@@ -111,7 +143,7 @@ class Slot:
 
     def reset(self) -> None:
         with self.lock:
-            self._state = self.engine.fresh_state()
+            self._state = self.pool.fresh_state()
 
     # -- compute -------------------------------------------------------------------------
     def prefill(
@@ -124,18 +156,18 @@ class Slot:
         """Append `tokens` to the history in absolute A-aligned steps; returns the depth.
 
         `on_boundary(depth)` runs after every step that ends on a multiple of A, with the
-        slot consistent at that depth (the moment to snapshot an aligned cut). `cancel`
+        slot consistent at that depth (the moment to export an aligned cut). `cancel`
         is checked between steps."""
-        tokens = self.engine.check_tokens(tokens)
+        tokens = self.pool.check_tokens(tokens)
         with self.lock:
             start = self.depth
-            for lo, hi in aligned_steps(start, start + len(tokens), self.engine.alignment):
+            for lo, hi in aligned_steps(start, start + len(tokens), self.pool.alignment):
                 if _cancelled(cancel):
                     break
-                if lo % self.engine.alignment:
+                if lo % self.pool.alignment:
                     self._state.cold = False
                 self._forward(tokens[lo - start : hi - start])
-                if on_boundary is not None and hi % self.engine.alignment == 0:
+                if on_boundary is not None and hi % self.pool.alignment == 0:
                     on_boundary(hi)
             return self.depth
 
@@ -155,7 +187,7 @@ class Slot:
         holds it and the logits stay witnessed. `cancel` is checked before each token."""
         if not isinstance(max_tokens, int) or max_tokens < 0:
             raise InvalidRequest("max_tokens", f"must be an int >= 0, got {max_tokens!r}")
-        stops = frozenset(self.engine.stop_tokens) | frozenset(self.engine.check_tokens(stop))
+        stops = frozenset(self.pool.stop_tokens) | frozenset(self.pool.check_tokens(stop))
         out = Generation()
         with self.lock:
             if self._state.logits is None:
@@ -188,11 +220,11 @@ class Slot:
         some layers' caches may already hold the step (never leave a partial state)."""
         state = self._state
         try:
-            out = self.engine.model(mx.array(tokens, dtype=mx.int32)[None], cache=state.cache)
+            out = self.pool.model(mx.array(tokens, dtype=mx.int32)[None], cache=state.cache)
             logits = out[0, -1]
             mx.eval(logits, cache_arrays(state.cache))
         except BaseException:
-            self._state = self.engine.fresh_state()
+            self._state = self.pool.fresh_state()
             raise
         state.tokens.extend(tokens)
         state.logits = logits
@@ -206,34 +238,30 @@ def _cancelled(cancel: Cancel) -> bool:
     return bool(cancel())
 
 
-class Engine:
-    """One model, alignment A and a fixed number of slots.
+class SlotPool:
+    """One model and a fixed number of slots; alignment A and identity are the model's.
 
     At start one probe forward learns what the layout cannot say: the vocabulary size and
     dtype of the logits, and that the caches hold the layout's dtype."""
 
-    def __init__(self, loaded: Any, *, num_slots: int, alignment: int | None = None) -> None:
-        if alignment is None:
-            alignment = loaded.alignment
-        if alignment != loaded.alignment:
-            # The alignment is part of the identity; planes cut at another A are not ours.
-            raise InvalidRequest(
-                "alignment", f"{alignment} differs from the model's identity ({loaded.alignment})"
-            )
+    def __init__(self, loaded: LoadedModel, *, num_slots: int) -> None:
         if not isinstance(num_slots, int) or num_slots < 1:
             raise InvalidRequest("num_slots", f"must be an int >= 1, got {num_slots!r}")
         self.loaded = loaded
         self.model = loaded.model
-        self.alignment: int = alignment
         self.layout: KVLayout = loaded.layout
-        self.identity = loaded.identity
+        self.identity: Identity = loaded.identity
         self.vocab_size, self.logits_dtype = self._probe()
         self.stop_tokens = frozenset(loaded.tokenizer.eos_token_ids)
         self.slots = tuple(Slot(self, i) for i in range(num_slots))
 
+    @property
+    def alignment(self) -> int:
+        return self.identity.alignment
+
     def slot(self, index: int) -> Slot:
         if not 0 <= index < len(self.slots):
-            raise InvalidRequest("slot", f"no slot {index} (engine has {len(self.slots)})")
+            raise InvalidRequest("slot", f"no slot {index} (pool has {len(self.slots)})")
         return self.slots[index]
 
     def fresh_state(self) -> SlotState:

@@ -1,15 +1,20 @@
-"""Shared helpers for the slot, snapshot, planes and restore tests (not a conftest, so the
-models tests in this folder keep their own)."""
+"""Shared helpers for the slot, codec and restore tests (not a conftest, so the models
+tests in this folder keep their own)."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import mlx.core as mx
 
 from engine.models import load_model
-from engine.slots import Engine, Slot
+from engine.slots import Slot, SlotPool
+from engine.state import Snapshot
 
 TINY_A = 64  # small alignment so a few hundred tokens make several blocks
 WINDOW = 32  # tiny's sliding window
@@ -20,8 +25,8 @@ def tiny(namespace: str = "default", alignment: int = TINY_A):
     return load_model("tiny", alignment=alignment, namespace=namespace)
 
 
-def tiny_engine(num_slots: int = 2, *, namespace: str = "default") -> Engine:
-    return Engine(tiny(namespace), num_slots=num_slots, alignment=TINY_A)
+def tiny_pool(num_slots: int = 2, *, namespace: str = "default") -> SlotPool:
+    return SlotPool(tiny(namespace), num_slots=num_slots)
 
 
 def prompt(n: int, *, seed: int = 1, vocab: int = 256) -> list[int]:
@@ -75,8 +80,63 @@ def physical(slot: Slot) -> list[tuple]:
     return out
 
 
-def cold(engine: Engine, tokens: list[int], slot: int = 0) -> Slot:
-    s = engine.slot(slot)
+def cold(pool: SlotPool, tokens: list[int], slot: int = 0) -> Slot:
+    s = pool.slot(slot)
     s.reset()
     s.prefill(tokens)
     return s
+
+
+# -- cuts made wrong on purpose ------------------------------------------------------------
+def replace_part(snap: Snapshot, role: str, **changes: Any) -> Snapshot:
+    """`snap` with part `role` changed (its arrays or fields), the layout left as it was."""
+    assert role in [p.role for p in snap.parts], role
+    parts = tuple(dataclasses.replace(p, **changes) if p.role == role else p for p in snap.parts)
+    return dataclasses.replace(snap, parts=parts)
+
+
+def edit_layout(snap: Snapshot, edit: Callable[[dict], None]) -> Snapshot:
+    """`snap` with `edit` applied to a deep copy of its layout."""
+    layout = copy.deepcopy(dict(snap.layout))
+    edit(layout)
+    return dataclasses.replace(snap, layout=layout)
+
+
+def drop_logits(snap: Snapshot) -> Snapshot:
+    """The same cut as if its logits had never been witnessed."""
+    bare = edit_layout(snap, lambda layout: layout.update(logits=None))
+    return dataclasses.replace(bare, parts=tuple(p for p in snap.parts if p.kind != "logits"))
+
+
+def flip(data: bytes | memoryview, at: int) -> bytes:
+    b = bytearray(data)
+    b[at] ^= 0x01
+    return bytes(b)
+
+
+@dataclass
+class Victim:
+    """A pool whose slot 1 holds another prompt, what that slot would do next (computed on
+    a twin slot, 2), and a good cut of PROMPT (decoded a little, so its ring is rotated)."""
+
+    pool: SlotPool
+    slot: Slot
+    snap: Snapshot
+    tokens: tuple[int, ...]
+    expected: Continuation
+
+    def assert_untouched(self, before: Any) -> None:
+        assert self.slot.state is before
+        assert continue_greedy(self.slot, 12) == self.expected
+
+
+PROMPT = prompt(300)  # more than nine windows: every ring has wrapped
+
+
+def victim() -> Victim:
+    pool = tiny_pool(3)
+    expected = continue_greedy(cold(pool, prompt(90, seed=6), 2), 12)
+    slot = cold(pool, prompt(90, seed=6), 1)
+    a = cold(pool, PROMPT, 0)
+    a.generate(max_tokens=3, stop=())
+    return Victim(pool, slot, a.export(), a.tokens, expected)

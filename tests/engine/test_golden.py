@@ -5,7 +5,8 @@ code that wrote the first vaults, so a vault written then keeps restoring.
   machine-independent values (no model compute, so no BLAS rounding), in the steps a real
   prefill and decode take: aligned blocks, a partial block, a wrapped and rotated ring.
 - golden: the layout (identity aside: it carries this machine's compute fingerprint) and
-  the sha256 of every part's bytes; plus single frames of the 16-bit dtypes.
+  the sha256 of every part's bytes; plus single frames of the 16-bit dtypes. The golden
+  planes must also decode and restore to the very cache they were cut from.
 - real prompt: tiny run on a fixed prompt; its layout and part headers (shapes, lengths,
   ring metadata) are pinned too — float payloads are not, they depend on the BLAS.
 """
@@ -17,10 +18,9 @@ import json
 
 import mlx.core as mx
 
-from engine import planes
+from engine.codec import frame
 from engine.slots import SlotState
-from engine.snapshot import snapshot
-from tests.engine.slotkit import cold, prompt, tiny_engine
+from tests.engine.slotkit import cold, physical, prompt, tiny_pool
 
 STEPS = (64, 64, 22, 1, 1, 1, 1, 1, 1, 1)  # two aligned blocks, a partial one, 7 decodes
 
@@ -32,26 +32,26 @@ def _values(seed: int, heads: int, n: int, dim: int) -> mx.array:
 
 
 def synthetic_slot():
-    engine = tiny_engine(1)
-    slot = engine.slot(0)
-    cache = engine.loaded.make_cache()
+    pool = tiny_pool(2)
+    slot = pool.slot(0)
+    cache = pool.loaded.make_cache()
     depth = 0
     for step, n in enumerate(STEPS):
-        for layer, (c, spec) in enumerate(zip(cache, engine.layout.layers, strict=True)):
+        for layer, (c, spec) in enumerate(zip(cache, pool.layout.layers, strict=True)):
             seed = 1000 * step + 10 * layer
             k = _values(seed, spec.kv_heads, n, spec.head_dim)
             v = _values(seed + 5, spec.kv_heads, n, spec.head_dim)
             c.update_and_fetch(k, v)
         depth += n
-    logits = mx.arange(engine.vocab_size, dtype=mx.float32) / 4 - 10
+    logits = mx.arange(pool.vocab_size, dtype=mx.float32) / 4 - 10
     mx.eval([a for c in cache for a in (c.keys, c.values)], logits)
     slot.commit(SlotState(cache=cache, tokens=prompt(depth), logits=logits))
-    return engine, slot
+    return pool, slot
 
 
 def encoded(slot):
-    layout, parts = planes.encode(snapshot(slot))
-    return layout, parts
+    planes = slot.export().planes()
+    return dict(planes.layout), list(planes.parts)
 
 
 def _ring(offset: int, idx: int, size: int) -> dict:
@@ -88,26 +88,37 @@ GOLDEN_FRAMES = {
 
 
 def test_synthetic_cut_encodes_to_the_golden_bytes():
-    """encode: the layout dict and every part's bytes of a fixed synthetic cut are exactly
-    what format 1 has always produced (digests recorded before the codec was restructured);
-    the layout names this engine's identity."""
-    engine, slot = synthetic_slot()
+    """Snapshot.planes: the layout dict and every part's bytes of a fixed synthetic cut are
+    exactly what format 1 has always produced (digests recorded before the codec was
+    restructured); the layout names this pool's identity."""
+    pool, slot = synthetic_slot()
     layout, parts = encoded(slot)
-    assert layout.pop("identity") == engine.identity.hex
+    assert layout.pop("identity") == pool.identity.hex
     assert json.dumps(layout) == json.dumps(GOLDEN_LAYOUT)  # key order too
     assert [role for role, _ in parts] == list(GOLDEN_PARTS)
     digests = {role: hashlib.sha256(bytes(data)).hexdigest() for role, data in parts}
     assert digests == GOLDEN_PARTS
 
 
+def test_golden_planes_restore_the_cache_they_were_cut_from():
+    """Planes.decode + Slot.restore of the golden planes: the other slot ends up with the
+    synthetic cache byte for byte (rotation, capacity, offsets), its history and logits."""
+    pool, slot = synthetic_slot()
+    other = pool.slot(1)
+    other.restore(slot.export().planes(), prompt=slot.tokens)
+    assert physical(other) == physical(slot)
+    assert other.tokens == slot.tokens
+    assert bytes(memoryview(other.logits)) == bytes(memoryview(slot.logits))
+
+
 def test_16_bit_frames_encode_to_the_golden_bytes():
-    """encode_part for float16 and bfloat16 (bfloat16 travels as its uint16 bits): one
+    """frame.encode_part for float16 and bfloat16 (bfloat16 travels as its uint16 bits): one
     frame each, pinned byte for byte."""
     got = {}
     for name, dtype in (("float16", mx.float16), ("bfloat16", mx.bfloat16)):
         a = _values(7, 2, 5, 4)[0].astype(dtype)
         b = _values(9, 2, 3, 4)[0].astype(dtype)
-        got[name] = hashlib.sha256(planes.encode_part("block", [a, b], index=2, length=5))
+        got[name] = hashlib.sha256(frame.encode_part("block", [a, b], index=2, length=5))
         got[name] = got[name].hexdigest()
     assert got == GOLDEN_FRAMES
 
@@ -121,14 +132,14 @@ def _headers(parts):
 
 
 def test_real_prompt_layout_and_headers_are_pinned():
-    """encode on a real tiny run (300 prompt tokens, then 7 more prefilled): the layout and
-    each part's header — block lengths, ring offsets and write indices, array shapes — are
-    what format 1 writes for that history."""
-    engine = tiny_engine(1)
-    slot = cold(engine, prompt(300))
+    """Snapshot.planes on a real tiny run (300 prompt tokens, then 7 more prefilled): the
+    layout and each part's header — block lengths, ring offsets and write indices, array
+    shapes — are what format 1 writes for that history."""
+    pool = tiny_pool(1)
+    slot = cold(pool, prompt(300))
     slot.prefill(prompt(7, seed=2))
     layout, parts = encoded(slot)
-    assert layout.pop("identity") == engine.identity.hex
+    assert layout.pop("identity") == pool.identity.hex
     lengths = [64, 64, 64, 64, 51]
     # The 7-token step appends to the ring's window - 1 = 31 kept positions: 38, unwrapped.
     assert json.dumps(layout) == json.dumps(_layout(307, 512, lengths, 38, 38))

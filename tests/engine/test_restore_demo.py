@@ -1,6 +1,6 @@
 """Exact and aligned-ancestor restore on the demo model (SmolLM2-135M, A = 256): the same
 bit-identity the tiny tests check, on a real 30-layer model. One cold run of a ~300-token
-prompt is shared: it yields the aligned cut at 256 (snapshotted as the prefill crosses it),
+prompt is shared: it yields the aligned cut at 256 (exported as the prefill crosses it),
 the exact cut at the end, and the uninterrupted continuation both must reproduce."""
 
 from __future__ import annotations
@@ -9,10 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine import planes
-from engine.restore import restore
-from engine.slots import Engine
-from engine.snapshot import snapshot
+from engine.slots import SlotPool
 from tests.engine.slotkit import Continuation, continue_greedy, physical
 
 pytestmark = pytest.mark.slow
@@ -30,7 +27,7 @@ def demo():
     from engine.models import load_model
 
     loaded = load_model("smollm2", alignment=A)
-    engine = Engine(loaded, num_slots=2, alignment=A)
+    pool = SlotPool(loaded, num_slots=2)
     messages = [
         {"role": "system", "content": TEXT * 6},
         {"role": "user", "content": "In one sentence: what does the vault keep?"},
@@ -38,39 +35,35 @@ def demo():
     tokens = loaded.tokenizer.apply_chat_template(messages)
     assert A < len(tokens) < 2 * A, len(tokens)
     cuts = {}
-    a = engine.slot(0)
-    a.prefill(tokens, on_boundary=lambda d: cuts.setdefault(d, snapshot(a)))
-    exact = snapshot(a)
+    a = pool.slot(0)
+    a.prefill(tokens, on_boundary=lambda d: cuts.setdefault(d, a.export()))
+    exact = a.export()
     cold_state = physical(a)
     reference = continue_greedy(a, 32)  # the uninterrupted session
     return SimpleNamespace(
-        engine=engine, tokens=tokens, cut=cuts[A], exact=exact, cold=cold_state, ref=reference
+        pool=pool, tokens=tokens, cut=cuts[A], exact=exact, cold=cold_state, ref=reference
     )
 
 
-def roundtrip(snap):
-    layout, parts = planes.encode(snap)
-    return planes.decode(layout, parts)
-
-
 def test_demo_exact_restore_is_bit_identical(demo):
-    """restore mode=exact on the demo model: the cut at the end of the prompt, through
-    planes encode/decode, gives the same cache bytes, next-token logits and 32 greedy
+    """Slot.restore, exact, on the demo model: the cut at the end of the prompt, through
+    its planes (encode, decode), gives the same cache bytes, next-token logits and 32 greedy
     tokens (with the logits after each) as the uninterrupted session."""
-    b = demo.engine.slot(1)
+    b = demo.pool.slot(1)
     b.reset()
-    restore(b, roundtrip(demo.exact), tokens=demo.tokens, mode="exact")
+    b.restore(demo.exact.planes(), prompt=demo.tokens)
     assert physical(b) == demo.cold
     assert continue_greedy(b, 32) == demo.ref
 
 
 def test_demo_aligned_ancestor_is_bit_identical_to_cold(demo):
-    """restore mode=ancestor on the demo model: the aligned cut at 256, restored and the
-    remaining tokens prefilled, leaves exactly the cold run's cache bytes and logits, and
-    continues the same way (first tokens checked; equal state decides the rest)."""
-    b = demo.engine.slot(1)
+    """Slot.restore, ancestor, on the demo model: the aligned cut at 256, through its
+    planes, restored for the whole prompt and the remaining tokens prefilled, leaves
+    exactly the cold run's cache bytes and logits, and continues the same way (first
+    tokens checked; equal state decides the rest)."""
+    b = demo.pool.slot(1)
     b.reset()
-    restore(b, roundtrip(demo.cut), tokens=demo.tokens[:A], mode="ancestor")
+    b.restore(demo.cut.planes(), prompt=demo.tokens)
     b.prefill(demo.tokens[A:])
     assert physical(b) == demo.cold
     head = Continuation(demo.ref.logits[:5], demo.ref.tokens[:4], "length")

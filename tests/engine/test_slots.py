@@ -9,8 +9,8 @@ import pytest
 
 from engine.errors import EmptySlot, InvalidRequest, LogitsMissing
 from engine.sampling import Sampling
-from engine.slots import Engine, aligned_steps
-from tests.engine.slotkit import TINY_A, cold, logits_bytes, prompt, tiny, tiny_engine
+from engine.slots import SlotPool, aligned_steps
+from tests.engine.slotkit import TINY_A, cold, logits_bytes, prompt, tiny, tiny_pool
 
 
 class RecordingModel:
@@ -33,6 +33,17 @@ class RecordingModel:
         return self.model(inputs, cache=cache)
 
 
+def test_pool_alignment_comes_from_the_identity():
+    """SlotPool.alignment: read from the model's identity (there is no other to pass), so a
+    pool's prefill steps follow the A its cuts are named under."""
+    pool = SlotPool(tiny(alignment=32), num_slots=1)
+    assert pool.alignment == pool.identity.alignment == 32
+    rec = RecordingModel(pool.model)
+    pool.model = rec
+    pool.slot(0).prefill(prompt(70))
+    assert rec.calls == [32, 32, 6]
+
+
 def test_aligned_steps_end_on_absolute_multiples():
     """aligned_steps: from an unaligned depth the first step stops at the next multiple of A,
     then whole A steps, then the remainder; from an aligned depth it is whole steps."""
@@ -45,11 +56,11 @@ def test_aligned_steps_end_on_absolute_multiples():
 def test_prefill_forwards_in_aligned_steps_and_reports_boundaries():
     """Slot.prefill: the model sees exactly the aligned steps, across two prefills, and
     on_boundary fires at each multiple of A crossed (not at the unaligned end)."""
-    engine = tiny_engine(1)
-    rec = RecordingModel(engine.model)
-    engine.model = rec
+    pool = tiny_pool(1)
+    rec = RecordingModel(pool.model)
+    pool.model = rec
     seen: list[int] = []
-    slot = engine.slot(0)
+    slot = pool.slot(0)
     assert slot.prefill(prompt(150), on_boundary=seen.append) == 150
     assert slot.prefill(prompt(100, seed=2), on_boundary=seen.append) == 250
     assert rec.calls == [64, 64, 22, 42, 58]
@@ -60,8 +71,8 @@ def test_prefill_forwards_in_aligned_steps_and_reports_boundaries():
 def test_prefill_cancel_stops_between_steps():
     """Slot.prefill cancel: checked between steps; the slot stays consistent at the last
     step it finished."""
-    engine = tiny_engine(1)
-    slot = engine.slot(0)
+    pool = tiny_pool(1)
+    slot = pool.slot(0)
     stop_after_first = threading.Event()
     depth = slot.prefill(
         prompt(200), on_boundary=lambda d: stop_after_first.set(), cancel=stop_after_first
@@ -73,10 +84,10 @@ def test_prefill_cancel_stops_between_steps():
 def test_forward_failure_resets_the_slot():
     """Slot._forward failure: some layers already took the step, so the slot is reset —
     never left with caches deeper than its history."""
-    engine = tiny_engine(1)
-    slot = engine.slot(0)
+    pool = tiny_pool(1)
+    slot = pool.slot(0)
     slot.prefill(prompt(100))
-    engine.model = RecordingModel(engine.model, fail_at=1)
+    pool.model = RecordingModel(pool.model, fail_at=1)
     with pytest.raises(RuntimeError, match="injected"):
         slot.prefill(prompt(10, seed=3))
     assert slot.depth == 0 and slot.logits is None
@@ -86,16 +97,16 @@ def test_forward_failure_resets_the_slot():
 def test_greedy_decode_feeds_tokens_and_keeps_logits_witnessed():
     """Slot.generate greedy: each token is argmax of the witnessed logits, is streamed, then
     fed, so the history grows by exactly the generated tokens and matches a cold prefill."""
-    engine = tiny_engine(2)
+    pool = tiny_pool(2)
     tokens = prompt(120)
-    a = cold(engine, tokens, 0)
+    a = cold(pool, tokens, 0)
     streamed: list[int] = []
     first = int(mx.argmax(a.logits).item())
     gen = a.generate(max_tokens=10, stop=(), on_token=streamed.append)
     assert gen.finish_reason == "length" and gen.tokens == streamed and len(gen.tokens) == 10
     assert gen.tokens[0] == first
     assert a.tokens == tuple(tokens + gen.tokens) and a.depth == 130
-    b = cold(engine, tokens + gen.tokens, 1)
+    b = cold(pool, tokens + gen.tokens, 1)
     # Decode and prefill compute differently, but they must agree on the argmax.
     assert int(mx.argmax(a.logits).item()) == int(mx.argmax(b.logits).item())
 
@@ -103,23 +114,23 @@ def test_greedy_decode_feeds_tokens_and_keeps_logits_witnessed():
 def test_stop_token_ends_generation_and_is_not_fed():
     """Slot.generate stop: a caller-given stop token (and the tokenizer's eos) ends the
     generation with finish_reason 'stop'; the stop token is reported, not fed."""
-    engine = tiny_engine(1)
-    slot = cold(engine, prompt(100), 0)
+    pool = tiny_pool(1)
+    slot = cold(pool, prompt(100), 0)
     free = slot.generate(max_tokens=5)
     slot.reset()
     slot.prefill(prompt(100))
     gen = slot.generate(max_tokens=5, stop=[free.tokens[2]])
     assert gen.finish_reason == "stop" and gen.stop_token == free.tokens[2]
     assert gen.tokens == free.tokens[:2] and slot.depth == 102
-    assert engine.stop_tokens == tiny().tokenizer.eos_token_ids
+    assert pool.stop_tokens == tiny().tokenizer.eos_token_ids
 
 
 def test_eos_is_a_stop_token():
-    """Slot.generate eos: the engine's stop set comes from the tokenizer's eos ids."""
-    engine = tiny_engine(1)
-    slot = cold(engine, prompt(100), 0)
+    """Slot.generate eos: the pool's stop set comes from the tokenizer's eos ids."""
+    pool = tiny_pool(1)
+    slot = cold(pool, prompt(100), 0)
     first = int(mx.argmax(slot.logits).item())
-    engine.stop_tokens = frozenset({first})
+    pool.stop_tokens = frozenset({first})
     gen = slot.generate(max_tokens=5)
     assert gen.tokens == [] and gen.stop_token == first and gen.finish_reason == "stop"
 
@@ -127,8 +138,8 @@ def test_eos_is_a_stop_token():
 def test_cancel_event_and_callable():
     """Slot.generate cancel: an Event set from the streaming callback, or a callable, stops
     before the next token with finish_reason 'cancelled'."""
-    engine = tiny_engine(1)
-    slot = cold(engine, prompt(100), 0)
+    pool = tiny_pool(1)
+    slot = cold(pool, prompt(100), 0)
     ev = threading.Event()
     gen = slot.generate(max_tokens=20, stop=(), on_token=lambda t: ev.set(), cancel=ev)
     assert gen.finish_reason == "cancelled" and len(gen.tokens) == 1 and slot.depth == 101
@@ -140,17 +151,17 @@ def test_cancel_event_and_callable():
 def test_seeded_sampling_is_reproducible():
     """Sampling with a seed: the same seed draws the same tokens from the same state; a
     different seed (at a high temperature) draws differently; top_p tiny equals greedy."""
-    engine = tiny_engine(2)
+    pool = tiny_pool(2)
     tokens = prompt(100)
     hot = Sampling(temperature=5.0, seed=7)
-    a = cold(engine, tokens, 0).generate(max_tokens=16, sampling=hot, stop=())
-    b = cold(engine, tokens, 1).generate(max_tokens=16, sampling=hot, stop=())
-    c = cold(engine, tokens, 1).generate(
+    a = cold(pool, tokens, 0).generate(max_tokens=16, sampling=hot, stop=())
+    b = cold(pool, tokens, 1).generate(max_tokens=16, sampling=hot, stop=())
+    c = cold(pool, tokens, 1).generate(
         max_tokens=16, sampling=Sampling(temperature=5.0, seed=8), stop=()
     )
     assert a.tokens == b.tokens and a.tokens != c.tokens
-    greedy = cold(engine, tokens, 0).generate(max_tokens=16, stop=())
-    narrow = cold(engine, tokens, 1).generate(
+    greedy = cold(pool, tokens, 0).generate(max_tokens=16, stop=())
+    narrow = cold(pool, tokens, 1).generate(
         max_tokens=16, sampling=Sampling(temperature=1.0, top_p=1e-6, seed=3), stop=()
     )
     assert narrow.tokens == greedy.tokens
@@ -158,11 +169,11 @@ def test_seeded_sampling_is_reproducible():
 
 def test_bad_requests_raise_typed_errors():
     """InvalidRequest / EmptySlot / LogitsMissing: bad tokens, bad sampling, bad max_tokens,
-    decoding an empty slot, and a mismatched engine alignment are named errors."""
-    engine = tiny_engine(1)
-    slot = engine.slot(0)
+    decoding an empty slot, no slots, and a slot the pool does not have are named errors."""
+    pool = tiny_pool(1)
+    slot = pool.slot(0)
     with pytest.raises(InvalidRequest) as e:
-        slot.prefill([1, 2, engine.vocab_size])
+        slot.prefill([1, 2, pool.vocab_size])
     assert e.value.field == "tokens"
     with pytest.raises(EmptySlot):
         slot.generate(max_tokens=3)
@@ -180,24 +191,24 @@ def test_bad_requests_raise_typed_errors():
     with pytest.raises(LogitsMissing):
         slot.generate(max_tokens=1)
     with pytest.raises(InvalidRequest) as e:
-        Engine(tiny(), num_slots=1, alignment=TINY_A * 2)
-    assert e.value.field == "alignment"
+        SlotPool(tiny(), num_slots=0)
+    assert e.value.field == "num_slots"
     with pytest.raises(InvalidRequest):
-        engine.slot(5)
+        pool.slot(5)
 
 
 def test_cold_flag_marks_states_a_cold_run_would_compute():
     """Branches of SlotState.cold: aligned prefill keeps it; prefilling on from a
     non-aligned depth ends it (a cold run takes that block in one step); decoding ends it;
     and the ended flag really marks other bits (the continued state differs from cold)."""
-    engine = tiny_engine(2)
+    pool = tiny_pool(2)
     tokens = prompt(3 * TINY_A, seed=5)
-    a = engine.slot(0)
+    a = pool.slot(0)
     a.prefill(tokens[: TINY_A + 10])
     assert a.cold  # a cold run of these tokens does exactly these steps
     a.prefill(tokens[TINY_A + 10 :])
     assert not a.cold
-    b = cold(engine, tokens, slot=1)
+    b = cold(pool, tokens, slot=1)
     assert b.cold
     assert logits_bytes(a) != logits_bytes(b)  # why the flag matters
     b.generate(max_tokens=1)

@@ -1,4 +1,5 @@
-"""Part encoding: the dtype registry, determinism, and refusal of unknown dtypes."""
+"""engine/codec/frame.py: one part's bytes — the dtype registry, determinism, refusal of
+unknown dtypes."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import blake3
 import mlx.core as mx
 import pytest
 
-from engine import planes
+from engine.codec import frame
 from engine.errors import PlanesInvalid
 
 
@@ -23,9 +24,9 @@ def test_part_roundtrip_per_dtype(dtype):
     back bit-identical with its shape, from a strided view too, and encodes identically
     twice."""
     src = arrays(dtype)
-    data = planes.encode_part("block", src, index=3, length=4)
-    assert data == planes.encode_part("block", [mx.array(x) for x in src], index=3, length=4)
-    header, out = planes.decode_part("block/3", memoryview(data))
+    data = frame.encode_part("block", src, index=3, length=4)
+    assert data == frame.encode_part("block", [mx.array(x) for x in src], index=3, length=4)
+    header, out = frame.decode_part("block/3", memoryview(data))
     assert header["index"] == 3 and header["length"] == 4
     for x, y in zip(src, out, strict=True):
         assert y.dtype == dtype and y.shape == x.shape
@@ -38,8 +39,8 @@ def test_unregistered_dtype_is_refused_both_ways():
     """DTYPES registry: an array of an unregistered dtype cannot be encoded, and a part
     whose (validly digested) header names one is refused rather than guessed at."""
     with pytest.raises(PlanesInvalid, match="int32"):
-        planes.encode_part("block", [mx.zeros((2, 2), dtype=mx.int32)], index=0, length=2)
-    data = bytearray(planes.encode_part("block", [mx.zeros((2, 2))], index=0, length=2))
+        frame.encode_part("block", [mx.zeros((2, 2), dtype=mx.int32)], index=0, length=2)
+    data = bytearray(frame.encode_part("block", [mx.zeros((2, 2))], index=0, length=2))
     hlen = int.from_bytes(data[6:10], "little")
     header = bytes(data[10 : 10 + hlen]).replace(b"float32", b"float64")
     data[10 : 10 + hlen] = header
@@ -48,4 +49,4 @@ def test_unregistered_dtype_is_refused_both_ways():
     digest.update(bytes(data[start:]))
     data[start - 32 : start] = digest.digest()
     with pytest.raises(PlanesInvalid, match="unknown dtype 'float64'"):
-        planes.decode_part("block/0", bytes(data))
+        frame.decode_part("block/0", bytes(data))

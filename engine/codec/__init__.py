@@ -1,0 +1,158 @@
+"""Codec: how a slot's state becomes a cut (Snapshot), bytes (Planes) and a shadow again.
+Private to the engine: callers use Slot.export, Slot.restore, Snapshot and Planes.
+
+- cache kind: one kind of state a slot holds, with one module here and one entry in
+  KINDS (in encode order): blocks (full-attention layers, part kind "block"), rings
+  (sliding-window layers, "ring"), logits (the witnessed final logits, "logits").
+- head: the layout keys every cut has — "format" (FORMAT, the pack format version),
+  "identity" (hex digest), "depth", "alignment"; each kind adds its own keys after them.
+
+The contract of a kind module (adding a cache kind, say an SSM state or a quantized KV
+cache, is one such module plus one entry in KINDS):
+- KIND: its part kind, the text before "/" in its parts' roles.
+- export(pool, state) -> (layout keys, parts): its share of a live slot's cut, as views
+  of the cache (this module evaluates them).
+- entries(layout) -> [(role, entry)]: the layout entries of its parts; PlanesInvalid
+  unless every field it will read is there and well typed.
+- decode(role, entry, header, arrays) -> Part: one decoded frame, checked against its
+  layout entry; PlanesInvalid when they disagree.
+- gate(pool, snapshot, parts) -> None: ShapeMismatch unless its parts and layout keys fit
+  the pool's model at the snapshot's depth and alignment. It checks everything install
+  reads, so install cannot fail on a gated cut.
+- install(pool, snapshot, parts, shadow) -> None: fill the shadow SlotState (the caches
+  of its layers, or its logits) from gated parts.
+
+What is generic lives here: the head, the match of parts to the layout, the frames
+(engine/codec/frame.py) and export's check that every layer is at the slot's depth. The
+generic restore checks (identity, alignment, depth, mode) live in engine/restore.py.
+Decoding never lets the data choose code: kinds come from KINDS, dtypes from frame.DTYPES.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import mlx.core as mx
+
+from engine.codec import blocks, frame, logits, rings
+from engine.codec.checks import integers
+from engine.errors import EngineError, PlanesInvalid, ShapeMismatch
+from engine.state import Part, Planes, Snapshot
+
+if TYPE_CHECKING:
+    from engine.slots import SlotPool, SlotState
+
+FORMAT = frame.FORMAT
+
+
+class CacheKind(Protocol):
+    KIND: str
+
+    def export(self, pool: SlotPool, state: SlotState) -> tuple[dict[str, Any], list[Part]]: ...
+
+    def entries(self, layout: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]: ...
+
+    def decode(
+        self, role: str, layout_entry: Mapping[str, Any], header: Mapping, arrays: list
+    ) -> Part: ...
+
+    def gate(self, pool: SlotPool, snap: Snapshot, parts: Sequence[Part]) -> None: ...
+
+    def install(
+        self, pool: SlotPool, snap: Snapshot, parts: Sequence[Part], shadow: SlotState
+    ) -> None: ...
+
+
+KINDS: dict[str, CacheKind] = {kind.KIND: kind for kind in (blocks, rings, logits)}
+
+
+def head(layout: Mapping[str, Any]) -> tuple[bytes, int, int]:
+    """(identity digest, depth, alignment) of a layout; PlanesInvalid when it is malformed
+    or of another format."""
+    if not isinstance(layout, Mapping) or layout.get("format") != FORMAT:
+        got = layout.get("format") if isinstance(layout, Mapping) else type(layout).__name__
+        raise PlanesInvalid(None, f"unsupported plane format {got!r} (this engine reads {FORMAT})")
+    integers(None, layout, ("depth", "alignment"))
+    try:
+        identity = bytes.fromhex(layout["identity"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise PlanesInvalid(None, f"malformed identity: {e!r}") from e
+    return identity, layout["depth"], layout["alignment"]
+
+
+def export(pool: SlotPool, state: SlotState) -> Snapshot:
+    """The cut of a slot's state (not empty): evaluated views, no copies."""
+    depth = len(state.tokens)
+    offsets = {int(c.offset) for c in state.cache}
+    if offsets != {depth}:
+        # Every layer sees the same updates; anything else is a bug, not a cut.
+        raise EngineError(f"layers at depths {sorted(offsets)} for a history of {depth}")
+    identity = pool.identity
+    layout: dict[str, Any] = {
+        "format": FORMAT,
+        "identity": identity.hex,
+        "depth": depth,
+        "alignment": pool.alignment,
+    }
+    parts: list[Part] = []
+    for kind in KINDS.values():
+        keys, kind_parts = kind.export(pool, state)
+        layout.update(keys)
+        parts += kind_parts
+    mx.eval([a for p in parts for a in p.arrays])
+    return Snapshot(identity.digest, depth, pool.alignment, layout, tuple(parts))
+
+
+def encode(snap: Snapshot) -> Planes:
+    """One frame per part, in the snapshot's order; the layout travels as it is."""
+    parts = tuple((p.role, frame.encode_part(p.kind, p.arrays, **p.fields)) for p in snap.parts)
+    return Planes(snap.layout, parts)
+
+
+def decode(planes: Planes) -> Snapshot:
+    """The Snapshot that `encode` produced; PlanesInvalid / PlaneCorrupt on anything else.
+    Parts come back in the layout's order, whatever order they were given in."""
+    identity, depth, alignment = head(planes.layout)
+    owners: dict[str, tuple[CacheKind, Mapping[str, Any]]] = {}
+    for kind in KINDS.values():
+        for role, entry in kind.entries(planes.layout):
+            if role in owners:
+                raise PlanesInvalid(role, "listed twice in the layout")
+            owners[role] = (kind, entry)
+    given = [role for role, _ in planes.parts]
+    if sorted(given) != sorted(owners) or len(set(given)) != len(given):
+        raise PlanesInvalid(None, f"parts {given} do not match the layout's {sorted(owners)}")
+    decoded: dict[str, Part] = {}
+    for role, data in planes.parts:
+        kind, entry = owners[role]
+        name = role.split("/", 1)[0]
+        if name not in KINDS:
+            raise PlanesInvalid(role, f"unknown part kind {name!r}")
+        if name != kind.KIND:
+            raise PlanesInvalid(role, f"a {name!r} part where the layout lists {kind.KIND!r}")
+        header, arrays = frame.decode_part(role, data)
+        if header.get("kind") != name:
+            raise PlanesInvalid(role, f"part is a {header.get('kind')!r}, role says {name!r}")
+        decoded[role] = kind.decode(role, entry, header, arrays)
+    parts = tuple(decoded[role] for role in owners)
+    return Snapshot(identity, depth, alignment, planes.layout, parts)
+
+
+def _of_kind(snap: Snapshot, kind: str) -> tuple[Part, ...]:
+    return tuple(p for p in snap.parts if p.kind == kind)
+
+
+def gate(pool: SlotPool, snap: Snapshot) -> None:
+    """Each kind's gate over its parts; a part of no registered kind is refused."""
+    for part in snap.parts:
+        if part.kind not in KINDS:
+            raise ShapeMismatch(f"{part.role} kind", f"one of {sorted(KINDS)}", part.kind)
+    for name, kind in KINDS.items():
+        kind.gate(pool, snap, _of_kind(snap, name))
+
+
+def install(pool: SlotPool, snap: Snapshot, shadow: SlotState) -> None:
+    """Each kind fills its share of the shadow from a gated snapshot."""
+    for name, kind in KINDS.items():
+        kind.install(pool, snap, _of_kind(snap, name), shadow)

@@ -1,0 +1,116 @@
+"""Blocks: the cache kind of full-attention layers (mlx-lm KVCache); part kind "block".
+
+- block i: every full layer's K and V for tokens [i*A, i*A + length), each
+  [kv_heads, length, head_dim]; length is A except for the final block of a non-aligned
+  cut. Its part holds all full layers' K in layer order, then their V; fields index and
+  length. Equal prefixes give equal blocks, so blocks dedup in the store.
+- capacity: the length the full layers' buffers were allocated to (mlx-lm grows them in
+  steps of KVCache.step). Install pads the joined blocks back to it, so the restored
+  cache grows exactly as the original would have.
+- layout keys: "capacity", and "blocks": [{role, index, length}] in block order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+from engine.codec.checks import entry, expect, integers, listed
+from engine.errors import EngineError, PlanesInvalid, ShapeMismatch
+from engine.layout import LayerKV, dtype_name
+from engine.state import Part, Snapshot
+
+if TYPE_CHECKING:
+    from engine.slots import SlotPool, SlotState
+
+KIND = "block"
+
+
+def _full(pool: SlotPool) -> list[tuple[int, LayerKV]]:
+    return [(i, spec) for i, spec in enumerate(pool.layout.layers) if spec.kind == "full"]
+
+
+def export(pool: SlotPool, state: SlotState) -> tuple[dict[str, Any], list[Part]]:
+    depth, step = len(state.tokens), pool.alignment
+    caches = [state.cache[i] for i, _ in _full(pool)]
+    capacities = {int(c.keys.shape[2]) for c in caches}
+    if len(capacities) > 1:
+        # Every full layer sees the same updates; anything else is a bug, not a cut.
+        raise EngineError(f"full layers disagree on capacity: {sorted(capacities)}")
+    parts = []
+    for index, lo in enumerate(range(0, depth, step)):
+        hi = min(depth, lo + step)
+        keys = [c.keys[0, :, lo:hi, :] for c in caches]
+        values = [c.values[0, :, lo:hi, :] for c in caches]
+        parts.append(Part(f"block/{index}", (*keys, *values), {"index": index, "length": hi - lo}))
+    layout = {
+        "capacity": capacities.pop() if capacities else 0,
+        "blocks": [{"role": p.role, **p.fields} for p in parts],
+    }
+    return layout, parts
+
+
+def entries(layout: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    integers(None, layout, ("capacity",))
+    found = [entry(e, "index", "length") for e in listed(None, layout.get("blocks"))]
+    return [(e["role"], e) for e in found]
+
+
+def decode(role: str, layout_entry: Mapping[str, Any], header: Mapping, arrays: list) -> Part:
+    index, length = layout_entry["index"], layout_entry["length"]
+    if role != f"block/{index}" or (header.get("index"), header.get("length")) != (index, length):
+        raise PlanesInvalid(
+            role,
+            f"part header {header.get('index')}/{header.get('length')} != layout {index}/{length}",
+        )
+    if len(arrays) % 2:
+        raise PlanesInvalid(role, f"odd number of arrays ({len(arrays)})")
+    return Part(role, tuple(arrays), {"index": index, "length": length})
+
+
+def gate(pool: SlotPool, snap: Snapshot, parts: Sequence[Part]) -> None:
+    full = [spec for _, spec in _full(pool)]
+    depth, alignment, dtype = snap.depth, snap.alignment, pool.layout.dtype
+    expect("block count", -(-depth // alignment), len(parts))
+    for i, part in enumerate(parts):
+        length = min(alignment, depth - i * alignment)
+        expect(f"block {i} index", i, part.fields.get("index"))
+        expect(f"block {i} length", length, part.fields.get("length"))
+        expect(f"block {i} arrays (K and V per full layer)", 2 * len(full), len(part.arrays))
+        for j, spec in enumerate(full):
+            shape = (spec.kv_heads, length, spec.head_dim)
+            for kv, arr in (("K", part.arrays[j]), ("V", part.arrays[len(full) + j])):
+                expect(f"block {i} full layer #{j} {kv} shape", shape, tuple(arr.shape))
+                expect(f"block {i} full layer #{j} {kv} dtype", dtype, dtype_name(arr.dtype))
+    capacity = snap.layout["capacity"]
+    if not full:
+        expect("capacity", 0, capacity)
+    # mlx-lm grows a full layer's buffer in steps; a depth it has not reached, or more
+    # than one step of slack, is not a state a KVCache can be in.
+    elif not depth <= capacity < depth + KVCache.step:
+        raise ShapeMismatch("capacity", f"[{depth}, {depth + KVCache.step})", capacity)
+
+
+def install(pool: SlotPool, snap: Snapshot, parts: Sequence[Part], shadow: SlotState) -> None:
+    full = _full(pool)
+    depth, capacity = snap.depth, snap.layout["capacity"]
+    for j, (layer, _) in enumerate(full):
+        cache = shadow.cache[layer]
+        if not isinstance(cache, KVCache):
+            raise ShapeMismatch(f"layer {layer} cache", "KVCache", type(cache).__name__)
+        cache.keys = _join([p.arrays[j] for p in parts], depth, capacity)
+        cache.values = _join([p.arrays[len(full) + j] for p in parts], depth, capacity)
+        cache.offset = depth
+
+
+def _join(blocks: list[mx.array], depth: int, capacity: int) -> mx.array:
+    """Concatenate [heads, n, dim] blocks along the sequence and pad with zeros to the
+    recorded capacity, as mlx-lm's KVCache would have allocated it."""
+    if capacity > depth:
+        heads, _, dim = blocks[0].shape
+        blocks = [*blocks, mx.zeros((heads, capacity - depth, dim), dtype=blocks[0].dtype)]
+    joined = blocks[0] if len(blocks) == 1 else mx.concatenate(blocks, axis=1)
+    return joined[None]

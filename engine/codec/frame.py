@@ -1,0 +1,114 @@
+"""Frame: one part's bytes (plane format 1), the unit the vault stores as one chunk.
+
+- frame: MAGIC, u16 format, u32 header length, the header, a blake3 digest of header +
+  payload, then the payload.
+- header: canonical JSON (sorted keys, no spaces) of the part's kind, its fields (a
+  block's index and length, the ring's layers) and `arrays`: each array's dtype and shape.
+- payload: the raw arrays in order, little-endian, C order; bfloat16 travels as its
+  uint16 bits.
+
+Equal arrays give equal bytes, so equal blocks dedup in the store; a flipped byte is
+caught here (PlaneCorrupt) even without the store's seal. Dtypes come from the explicit
+DTYPES registry; anything else is refused (PlanesInvalid), never guessed at.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import blake3
+import mlx.core as mx
+import numpy as np
+
+from engine.errors import PlaneCorrupt, PlanesInvalid
+from engine.identity import PACK_FORMAT_VERSION
+
+FORMAT = PACK_FORMAT_VERSION
+MAGIC = b"KVPL"
+_PREFIX = struct.Struct("<4sHI")  # magic, format, header length
+_DIGEST = 32
+_MAX_HEADER = 1 << 20
+
+# dtype name -> (mlx dtype, numpy dtype of the raw bytes); bfloat16 travels as uint16.
+DTYPES: dict[str, tuple[mx.Dtype, np.dtype]] = {
+    "float32": (mx.float32, np.dtype("<f4")),
+    "float16": (mx.float16, np.dtype("<f2")),
+    "bfloat16": (mx.bfloat16, np.dtype("<u2")),
+}
+
+
+def _dtype_name(a: mx.array) -> str:
+    name = str(a.dtype).removeprefix("mlx.core.")
+    if name not in DTYPES:
+        raise PlanesInvalid(None, f"dtype {name} has no plane encoding")
+    return name
+
+
+def _host(a: mx.array) -> np.ndarray:
+    if a.dtype == mx.bfloat16:
+        a = a.view(mx.uint16)
+    return np.asarray(a)
+
+
+def encode_part(kind: str, arrays: Sequence[mx.array], **fields: Any) -> bytes:
+    """One frame: prefix, header, digest, payload. Deterministic for equal arrays."""
+    specs = [(_dtype_name(a), list(a.shape)) for a in arrays]  # JSON: [name, shape]
+    header = json.dumps(
+        {"kind": kind, **fields, "arrays": specs}, sort_keys=True, separators=(",", ":")
+    ).encode()
+    start = _PREFIX.size + len(header) + _DIGEST
+    buf = bytearray(start + sum(a.nbytes for a in arrays))
+    _PREFIX.pack_into(buf, 0, MAGIC, FORMAT, len(header))
+    buf[_PREFIX.size : _PREFIX.size + len(header)] = header
+    pos = start
+    for a, (name, shape) in zip(arrays, specs, strict=True):
+        dest = np.frombuffer(buf, dtype=DTYPES[name][1], count=a.size, offset=pos)
+        np.copyto(dest.reshape(shape), _host(a))  # the one copy out of MLX memory
+        pos += a.nbytes
+    digest = blake3.blake3(memoryview(buf)[_PREFIX.size : _PREFIX.size + len(header)])
+    digest.update(memoryview(buf)[start:])
+    buf[start - _DIGEST : start] = digest.digest()
+    return bytes(buf)
+
+
+def decode_part(role: str, data: bytes | memoryview) -> tuple[dict[str, Any], list[mx.array]]:
+    """(header, arrays) of one frame; PlaneCorrupt when its digest does not match."""
+    view = memoryview(data).cast("B")
+    if len(view) < _PREFIX.size + _DIGEST:
+        raise PlanesInvalid(role, f"{len(view)} bytes is shorter than a part prefix")
+    magic, fmt, hlen = _PREFIX.unpack_from(view, 0)
+    if magic != MAGIC:
+        raise PlanesInvalid(role, f"bad magic {bytes(magic)!r}")
+    if fmt != FORMAT:
+        raise PlanesInvalid(role, f"unsupported part format {fmt} (this engine reads {FORMAT})")
+    start = _PREFIX.size + hlen + _DIGEST
+    if hlen > _MAX_HEADER or start > len(view):
+        raise PlanesInvalid(role, f"header length {hlen} does not fit in {len(view)} bytes")
+    raw_header = view[_PREFIX.size : _PREFIX.size + hlen]
+    digest = blake3.blake3(raw_header)
+    digest.update(view[start:])
+    if digest.digest() != bytes(view[start - _DIGEST : start]):
+        raise PlaneCorrupt(role, "digest does not match the bytes")
+    try:
+        header = json.loads(bytes(raw_header))
+        specs = [(str(name), tuple(int(n) for n in shape)) for name, shape in header["arrays"]]
+    except (ValueError, TypeError, KeyError) as e:
+        raise PlanesInvalid(role, f"malformed header: {e}") from e
+    arrays, pos = [], start
+    for name, shape in specs:
+        if name not in DTYPES:
+            raise PlanesInvalid(role, f"unknown dtype {name!r}")
+        mx_dtype, np_dtype = DTYPES[name]
+        count = int(np.prod(shape)) if shape else 1
+        if min(shape, default=1) < 0 or pos + count * np_dtype.itemsize > len(view):
+            raise PlanesInvalid(role, f"array {name}{list(shape)} overruns the part")
+        host = np.frombuffer(view, dtype=np_dtype, count=count, offset=pos).reshape(shape)
+        arr = mx.array(host)  # the one copy into MLX memory
+        arrays.append(arr.view(mx_dtype) if mx_dtype == mx.bfloat16 else arr)
+        pos += count * np_dtype.itemsize
+    if pos != len(view):
+        raise PlanesInvalid(role, f"{len(view) - pos} trailing bytes after the arrays")
+    return header, arrays

@@ -1,18 +1,20 @@
 """ChunkStore: sealed, content-addressed chunks on an ObjectStore.
 
 - chunk ref: (chunk id, plaintext size): what a manifest lists and a reader asks for.
-- put: digest, seal, open the sealed bytes again (verify before trusting our
-  own output), then put-if-absent under object_key("chunk", id). "Existed" is
-  success once the stored object has a plausible sealed size; one that does
-  not (a truncated leftover) is replaced.
-- get / get_many: every chunk is tag-verified and re-hashed before its bytes
-  are returned; a chunk that fails raises ChunkCorrupt / ChunkMissing and the
-  whole call returns nothing.
+- put: digest (or take the id the caller already computed with `chunk_id`, so a
+  publish digests each chunk once), seal, open the sealed bytes again and compare
+  them with the plaintext (verify before trusting our own output), then put-if-absent
+  under
+  object_key("chunk", id). "Existed" is success once the stored object has a plausible
+  sealed size; one that does not (a truncated leftover) is replaced.
+- get / get_many: every chunk is tag-verified and re-hashed before its bytes are
+  returned; a chunk that fails raises ChunkCorrupt / ChunkMissing and the whole call
+  returns nothing.
 
-Memory: get_many holds one output buffer (the sum of the ref sizes) plus, per
-call, at most max_concurrency sealed chunks in flight, i.e. about
-max_concurrency × chunk size (8 × 8 MiB = 64 MiB at the defaults). put_many
-holds max_concurrency sealed copies of its inputs the same way.
+Memory: get_many holds one output buffer (the sum of the ref sizes) plus, per call, at
+most max_concurrency sealed chunks in flight, i.e. about max_concurrency × chunk size
+(8 × 11.25 MiB ≈ 90 MiB for the demo model's blocks). put_many holds max_concurrency
+sealed copies of its inputs the same way.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ from cas.ids import ChunkId
 from cas.keys import Keyring
 from cas.layout import object_key
 from cas.seal import ChunkSeal, max_sealed_size, sealed_size
-from cas.store import ObjectStore
+from cas.store import ObjectInfo, ObjectStore
 
 T = TypeVar("T")
+Blob = bytes | bytearray | memoryview
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +49,6 @@ class ChunkStore:
         *,
         namespace: str = "default",
         max_concurrency: int = 8,
-        prefix: str = "",
     ) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
@@ -56,24 +58,25 @@ class ChunkStore:
         self.keyring = keyring
         self.namespace = namespace
         self.max_concurrency = max_concurrency
-        self.prefix = prefix
         self._seal = ChunkSeal(keyring)
         self._digest_key = keyring.digest_key(namespace)
 
     def __repr__(self) -> str:
         return f"ChunkStore({self.objects!r}, namespace={self.namespace!r})"
 
-    def chunk_id(self, data: bytes | memoryview) -> ChunkId:
+    def chunk_id(self, data: Blob) -> ChunkId:
         return ChunkId.of(data, key=self._digest_key)
 
-    def key(self, chunk_id: ChunkId) -> str:
-        """The object key of a chunk."""
-        return object_key("chunk", chunk_id.hex, prefix=self.prefix)
+    @staticmethod
+    def key(chunk_id: ChunkId) -> str:
+        """The object key of a chunk (the same in every namespace)."""
+        return object_key("chunk", chunk_id.hex)
 
     # -- writing ----------------------------------------------------------------------
 
-    async def put(self, data: bytes | memoryview) -> ChunkRef:
-        chunk_id, sealed = await asyncio.to_thread(self._seal_verified, data)
+    async def put(self, data: Blob, *, chunk_id: ChunkId | None = None) -> ChunkRef:
+        """Store `data`; `chunk_id`, when given, must be what chunk_id(data) returns."""
+        chunk_id, sealed = await asyncio.to_thread(self._seal_verified, data, chunk_id)
         ref = ChunkRef(chunk_id, len(data))
         key = self.key(chunk_id)
         if await self.objects.put_if_absent(key, sealed):
@@ -88,16 +91,20 @@ class ChunkStore:
         await self.objects.put_if_absent(key, sealed)
         return ref
 
-    def _seal_verified(self, data: bytes | memoryview) -> tuple[ChunkId, bytearray]:
-        chunk_id = self.chunk_id(data)
+    def _seal_verified(self, data: Blob, chunk_id: ChunkId | None) -> tuple[ChunkId, bytearray]:
+        chunk_id = chunk_id or self.chunk_id(data)
         sealed = self._seal.seal(chunk_id, data)
-        check = bytearray(len(data))
-        self._seal.open_into(chunk_id, sealed, memoryview(check), digest_key=self._digest_key)
+        self._seal.verify(chunk_id, sealed, data)
         return chunk_id, sealed
 
-    async def put_many(self, blobs: Sequence[bytes | memoryview]) -> list[ChunkRef]:
-        """Store every blob (bounded concurrency); refs in input order."""
-        return await self._bounded([lambda b=b: self.put(b) for b in blobs])
+    async def put_many(
+        self, blobs: Sequence[Blob], *, ids: Sequence[ChunkId] | None = None
+    ) -> list[ChunkRef]:
+        """Store every blob (bounded concurrency); refs in input order. `ids`, when given,
+        are the blobs' chunk ids, already computed."""
+        named = ids if ids is not None else [None] * len(blobs)
+        jobs = [lambda b=b, i=i: self.put(b, chunk_id=i) for b, i in zip(blobs, named, strict=True)]
+        return await self._bounded(jobs)
 
     # -- reading ----------------------------------------------------------------------
 
@@ -139,26 +146,30 @@ class ChunkStore:
 
     # -- helpers ----------------------------------------------------------------------
 
-    async def _stat_or_none(self, key: str):
+    async def _stat_or_none(self, key: str) -> ObjectInfo | None:
         try:
             return await self.objects.stat(key)
         except ObjectMissing:
             return None
 
     async def _bounded(self, jobs: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
-        """Run jobs at most max_concurrency at a time; results in order. The first
-        failure cancels the rest and is raised as itself (not an ExceptionGroup)."""
-        slots = asyncio.Semaphore(self.max_concurrency)
+        return await bounded(jobs, self.max_concurrency)
 
-        async def one(job: Callable[[], Awaitable[T]]) -> T:
-            async with slots:
-                return await job()
 
-        tasks = [asyncio.ensure_future(one(job)) for job in jobs]
-        try:
-            return list(await asyncio.gather(*tasks))
-        except BaseException:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
+async def bounded(jobs: Sequence[Callable[[], Awaitable[T]]], limit: int) -> list[T]:
+    """Run jobs at most `limit` at a time; results in order. The first failure cancels
+    the rest and is raised as itself (not an ExceptionGroup)."""
+    slots = asyncio.Semaphore(limit)
+
+    async def one(job: Callable[[], Awaitable[T]]) -> T:
+        async with slots:
+            return await job()
+
+    tasks = [asyncio.ensure_future(one(job)) for job in jobs]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise

@@ -54,6 +54,14 @@ class ChunkCorrupt(VaultError):
         self.chunk_id, self.reason = chunk_id, reason
 
 
+class ObjectCorrupt(VaultError):
+    """A sealed object (cas/sealed.py) failed its seal, or was sealed for another key."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"object {key} is corrupt: {reason}")
+        self.key, self.reason = key, reason
+
+
 class UnknownKey(VaultError):
     """A sealed object or MAC names a key id this keyring does not hold."""
 

@@ -6,11 +6,14 @@
 - administration (ensure_bucket): boto3, synchronous, off the data path.
 - one door: every data-path call goes through S3Store._call, which owns
   retries (a tuple of retryable errors, capped exponential backoff with
-  jitter), logs without bodies, and translates errors with `raise ... from e`:
-  NoSuchKey/404 -> ObjectMissing, 412 on put-if-absent -> "existed",
-  refusals (403, NoSuchBucket, 400) -> StoreRejected, and anything still
-  failing after the last attempt -> StoreUnavailable. botocore's own retries
-  are off so that exactly one layer retries.
+  jitter) and logs without bodies.
+- one table: `translate` reads every S3 error response (the door's and
+  ensure_bucket's alike) with `raise ... from e`: NoSuchKey/404 ->
+  ObjectMissing, 412 on put-if-absent -> "existed", refusals (403,
+  NoSuchBucket, 400) -> StoreRejected, 5xx/429/throttling -> another attempt,
+  and anything still failing after the last attempt -> StoreUnavailable.
+  Messages carry the server's request id. botocore's own retries are off so
+  that exactly one layer retries.
 
 Checksums: botocore >= 1.36 adds CRC32 request checksums (aws-chunked bodies
 with trailers) and validates response checksums by default. Many
@@ -68,6 +71,7 @@ RETRYABLE_CODES = frozenset(
 )
 MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 EXISTED_CODES = frozenset({"PreconditionFailed", "412"})
+OWNED_CODES = frozenset({"BucketAlreadyOwnedByYou"})
 
 
 @dataclass(frozen=True)
@@ -153,20 +157,41 @@ def ensure_bucket(config: S3Config) -> None:
             client.head_bucket(Bucket=config.bucket)
             return
         except bx.ClientError as e:
-            if _status(e) != 404 and _code(e) not in ("NoSuchBucket", "404", "NotFound"):
-                raise StoreRejected("ensure_bucket", config.bucket, _code(e), str(e)) from e
+            if not isinstance(translate("ensure_bucket", config.bucket, e), ObjectMissing):
+                raise _verdict("ensure_bucket", config.bucket, e) from e
         kw: dict[str, Any] = {"Bucket": config.bucket}
         if config.region != "us-east-1":
             kw["CreateBucketConfiguration"] = {"LocationConstraint": config.region}
         try:
             client.create_bucket(**kw)
         except bx.ClientError as e:
-            if _code(e) != "BucketAlreadyOwnedByYou":
-                raise StoreRejected("ensure_bucket", config.bucket, _code(e), str(e)) from e
+            if _code(e) not in OWNED_CODES:
+                raise _verdict("ensure_bucket", config.bucket, e) from e
     except RETRYABLE_ERRORS as e:
         raise StoreUnavailable("ensure_bucket", config.bucket, _describe(e)) from e
     finally:
         client.close()
+
+
+def translate(op: str, key: str, e: bx.ClientError) -> BaseException | None:
+    """The one table from an S3 error response to what it means here: a typed error, or
+    None when the request is worth another attempt. Every caller goes through it."""
+    code, status = _code(e), _status(e)
+    if code == "NoSuchBucket":
+        return StoreRejected(op, key, code, _message(e))
+    if code in MISSING_CODES or status == 404:
+        return ObjectMissing(key)
+    if code in EXISTED_CODES or status == 412:
+        return _Existed()
+    if code in RETRYABLE_CODES or status >= 500 or status == 429:
+        return None
+    return StoreRejected(op, key, code, _message(e))
+
+
+def _verdict(op: str, key: str, e: bx.ClientError) -> BaseException:
+    """translate(), with a retryable error read as an outage (for callers that do not
+    retry, like ensure_bucket)."""
+    return translate(op, key, e) or StoreUnavailable(op, key, _describe(e))
 
 
 class _Existed(Exception):
@@ -253,15 +278,9 @@ class S3Store:
                 async with conn.slots:
                     return await request(conn.client)
             except bx.ClientError as e:
-                code, status = _code(e), _status(e)
-                if code == "NoSuchBucket":
-                    raise StoreRejected(op, key, code, _message(e)) from e
-                if code in MISSING_CODES or status == 404:
-                    raise ObjectMissing(key) from e
-                if code in EXISTED_CODES or status == 412:
-                    raise _Existed() from e
-                if not (code in RETRYABLE_CODES or status >= 500 or status == 429):
-                    raise StoreRejected(op, key, code, _message(e)) from e
+                verdict = translate(op, key, e)
+                if verdict is not None:
+                    raise verdict from e
                 last = e
             except RETRYABLE_ERRORS as e:
                 last = e
@@ -367,11 +386,19 @@ def _status(e: bx.ClientError) -> int:
     return int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
 
 
+def _request_id(e: bx.ClientError) -> str:
+    meta = e.response.get("ResponseMetadata", {})
+    return str(meta.get("RequestId") or meta.get("HTTPHeaders", {}).get("x-amz-request-id", ""))
+
+
 def _message(e: bx.ClientError) -> str:
-    return str(e.response.get("Error", {}).get("Message", "")) or str(e)
+    message = str(e.response.get("Error", {}).get("Message", "")) or str(e)
+    request = _request_id(e)
+    return f"{message} (request {request})" if request else message
 
 
 def _describe(e: BaseException | None) -> str:
     if isinstance(e, bx.ClientError):
-        return f"{_code(e)} (HTTP {_status(e)})"
+        request = _request_id(e)
+        return f"{_code(e)} (HTTP {_status(e)}{f', request {request}' if request else ''})"
     return f"{type(e).__name__}: {e}"

@@ -77,6 +77,23 @@ class ChunkSeal:
         aead.encrypt_into(nonce, plaintext, head + chunk_id.raw, memoryview(out)[start:])
         return out
 
+    def verify(
+        self, chunk_id: ChunkId, sealed: bytes | memoryview, plaintext: bytes | memoryview
+    ) -> None:
+        """Check that `sealed` opens to exactly `plaintext` (our own output, before it is
+        trusted and uploaded): tag and bytes, without digesting the plaintext again."""
+        sealed = memoryview(sealed)
+        start, head, key_id = self._parse(chunk_id, sealed)
+        out = bytearray(len(sealed) - start - TAG_SIZE)
+        _, aead = self._aead(key_id)
+        nonce = bytes(sealed[start - NONCE_SIZE : start])
+        try:
+            aead.decrypt_into(nonce, sealed[start:], head + chunk_id.raw, memoryview(out))
+        except InvalidTag:
+            raise ChunkCorrupt(chunk_id, "our own seal does not verify") from None
+        if out != plaintext:
+            raise ChunkCorrupt(chunk_id, "our own seal does not open to its plaintext")
+
     def plaintext_size(self, chunk_id: ChunkId, sealed: bytes | memoryview) -> int:
         """Size the sealed chunk claims for its plaintext (after checking the header)."""
         start, _head, _key_id = self._parse(chunk_id, sealed)

@@ -22,13 +22,16 @@ from dataclasses import dataclass
 
 import blake3
 
+from catalog.ids import ChainDigest
+
 DOMAIN = b"kvpack-token-chain-v1\0"
-SEED = blake3.blake3(DOMAIN).digest()  # the name of the empty prefix
+SEED = ChainDigest(blake3.blake3(DOMAIN).digest())  # the name of the empty prefix
 MAX_TOKEN = 2**32 - 1
 
 
-def _link(prev: bytes, depth: int, segment: bytes) -> bytes:
-    return blake3.blake3(DOMAIN + prev + depth.to_bytes(8, "little") + segment).digest()
+def _link(prev: ChainDigest, depth: int, segment: bytes) -> ChainDigest:
+    digest = blake3.blake3(DOMAIN + prev.raw + depth.to_bytes(8, "little") + segment)
+    return ChainDigest(digest.digest())
 
 
 def _token_bytes(tokens: Sequence[int]) -> bytes:
@@ -49,10 +52,10 @@ class TokenChain:
 
     alignment: int
     depth: int
-    links: tuple[tuple[int, bytes], ...]
+    links: tuple[tuple[int, ChainDigest], ...]
 
     @property
-    def digest(self) -> bytes:
+    def digest(self) -> ChainDigest:
         """The name of the whole history (the exact-end link; SEED when empty)."""
         return self.links[-1][1] if self.links else SEED
 
@@ -60,14 +63,14 @@ class TokenChain:
     def aligned(self) -> bool:
         return self.depth % self.alignment == 0
 
-    def at(self, depth: int) -> bytes:
+    def at(self, depth: int) -> ChainDigest:
         """The digest naming tokens[:depth]; only link depths are named."""
         for d, digest in self.links:
             if d == depth:
                 return digest
         raise KeyError(f"depth {depth} is not a link of this chain (A={self.alignment})")
 
-    def __getitem__(self, k: int) -> bytes:
+    def __getitem__(self, k: int) -> ChainDigest:
         """chain[k] names tokens[:k*A] (k >= 1)."""
         if k < 1 or k * self.alignment > self.depth:
             raise IndexError(f"chain[{k}] is outside 1..{self.depth // self.alignment}")
@@ -83,7 +86,7 @@ def token_chain(tokens: Sequence[int], *, alignment: int) -> TokenChain:
         raise ValueError(f"alignment must be a positive integer, got {alignment!r}")
     raw = _token_bytes(tokens)
     depth = len(raw) // 4
-    links: list[tuple[int, bytes]] = []
+    links: list[tuple[int, ChainDigest]] = []
     prev, prev_depth = SEED, 0
     for end in range(alignment, depth + 1, alignment):
         prev = _link(prev, end, raw[prev_depth * 4 : end * 4])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cas.errors import VaultError
+from catalog.ids import ManifestId
 
 
 class CatalogError(VaultError):
@@ -19,18 +20,19 @@ class ManifestInvalid(CatalogError):
         self.reason = reason
 
 
-class IdentityMismatch(CatalogError):
-    """State published under one identity was asked for under another."""
+class ManifestMissing(ManifestInvalid):
+    """The catalog names a manifest object the store no longer holds: the row's promise is
+    broken, so the cut is as unusable as a corrupt one (a verification failure)."""
 
-    def __init__(self, expected: bytes, got: bytes) -> None:
-        super().__init__(f"identity mismatch: expected {expected.hex()[:12]}, got {got.hex()[:12]}")
-        self.expected, self.got = expected, got
+    def __init__(self, manifest_id: ManifestId, object_key: str) -> None:
+        super().__init__(f"manifest object {object_key} of cut {manifest_id} is missing")
+        self.manifest_id, self.object_key = manifest_id, object_key
 
 
 class StaleGeneration(CatalogError):
     """A manifest's generation is not the one the catalog holds for it (replayed or stale)."""
 
-    def __init__(self, manifest_id: str, expected: int, got: int) -> None:
+    def __init__(self, manifest_id: ManifestId, expected: int, got: int) -> None:
         super().__init__(f"manifest {manifest_id}: generation {got} is stale (catalog: {expected})")
         self.manifest_id, self.expected, self.got = manifest_id, expected, got
 
@@ -41,14 +43,6 @@ class GenerationExhausted(CatalogError, ValueError):
     def __init__(self, generation: int) -> None:
         super().__init__(f"generation {generation} is outside 0..2**63-1 (generations never wrap)")
         self.generation = generation
-
-
-class CutMissing(CatalogError):
-    """The catalog no longer holds the cut (evicted, or never published)."""
-
-    def __init__(self, manifest_id: str) -> None:
-        super().__init__(f"cut {manifest_id} is not in the catalog")
-        self.manifest_id = manifest_id
 
 
 class ChunksBeingCollected(CatalogError):

@@ -38,7 +38,6 @@ Not collected (yet): manifest objects orphaned by a crashed publish (small).
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -47,23 +46,27 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from cas.chunks import ChunkStore
+from cas.chunks import ChunkStore, bounded
 from cas.ids import ChunkId
+from cas.store import ObjectStore
 from catalog import queries
+from catalog.ids import ManifestId
 from catalog.tx import Checkpoint, no_checkpoint, run_tx
+
+MAX_CONCURRENCY = 8  # object deletions in flight
 
 
 @dataclass
 class GcReport:
     footprint_before: int = 0
     footprint_after: int = 0
-    evicted: list[str] = field(default_factory=list)  # manifest ids, in eviction order
+    evicted: list[ManifestId] = field(default_factory=list)  # in eviction order
     deleted_chunks: list[str] = field(default_factory=list)  # chunk ids (hex)
 
 
 async def collect(
     *,
-    chunks: ChunkStore,
+    objects: ObjectStore,
     db: Engine,
     budget_bytes: int | None,
     grace: timedelta,
@@ -73,6 +76,7 @@ async def collect(
 ) -> GcReport:
     """Evict least recently hit cuts down to `budget_bytes` (None: no eviction), then
     delete chunks unreferenced for longer than `grace` from the store and the catalog.
+    Chunk object keys do not depend on the namespace, so one collector serves every tenant.
 
     `checkpoint(name)` is awaited at "condemned" and "objects_deleted" (tests interleave).
     """
@@ -88,7 +92,7 @@ async def collect(
     report.footprint_before = await run_tx(db, lambda s: queries.referenced_bytes(session=s))
 
     if budget_bytes is not None:
-        await _evict(chunks, db, budget_bytes, now, report)
+        await _evict(objects, db, budget_bytes, now, report)
 
     adopted = await run_tx(
         db,
@@ -96,7 +100,7 @@ async def collect(
             session=s, cutoff=cutoff, now=now, run_id=run_id, limit=batch
         ),
     )
-    await _reclaim(chunks, db, adopted, run_id, report)
+    await _reclaim(objects, db, adopted, run_id, report)
 
     while True:
 
@@ -108,19 +112,19 @@ async def collect(
         if not condemned:
             break
         await point("condemned")
-        await _reclaim(chunks, db, condemned, run_id, report, point)
+        await _reclaim(objects, db, condemned, run_id, report, point)
 
     report.footprint_after = await run_tx(db, lambda s: queries.referenced_bytes(session=s))
     return report
 
 
 async def _evict(
-    chunks: ChunkStore, db: Engine, budget: int, now: datetime, report: GcReport
+    objects: ObjectStore, db: Engine, budget: int, now: datetime, report: GcReport
 ) -> None:
     footprint = report.footprint_before
     while footprint > budget:
 
-        def evict_one(s: Session) -> tuple[str, str, int] | None:
+        def evict_one(s: Session) -> tuple[ManifestId, str, int] | None:
             victims = queries.least_recently_hit(session=s, limit=1)
             if not victims:
                 return None
@@ -133,13 +137,13 @@ async def _evict(
         if victim is None:
             return
         mid, okey, freed = victim
-        await chunks.objects.delete(okey)  # rows first: a reader can no longer find it
+        await objects.delete(okey)  # rows first: a reader can no longer find it
         report.evicted.append(mid)
         footprint -= freed
 
 
 async def _reclaim(
-    chunks: ChunkStore,
+    objects: ObjectStore,
     db: Engine,
     ids: Sequence[str],
     run_id: str,
@@ -149,13 +153,8 @@ async def _reclaim(
     """Delete the objects of chunks this run condemned, then their rows."""
     if not ids:
         return
-    slots = asyncio.Semaphore(chunks.max_concurrency)
-
-    async def drop(i: str) -> None:
-        async with slots:
-            await chunks.delete(ChunkId.from_hex(i))
-
-    await asyncio.gather(*(drop(i) for i in ids))
+    keys = [ChunkStore.key(ChunkId.from_hex(i)) for i in ids]
+    await bounded([lambda k=k: objects.delete(k) for k in keys], MAX_CONCURRENCY)
     if point is not None:
         await point("objects_deleted")
     await run_tx(db, lambda s: queries.delete_condemned(session=s, ids=ids, run_id=run_id))

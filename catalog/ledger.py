@@ -1,48 +1,63 @@
 """The economics ledger: paired timings, persisted (keyword-only queries that never commit).
 
-- ledger entry: one restore of a cut and the identical local prefill of the same cut,
-  timed in one process (kvpack/economics.py's PairedTiming): the identity, the tier the
-  restored state came from, the restored tokens (the cut's depth), both durations and
-  when they were measured.
+- paired timing: one restore of a cut and the identical local prefill of the same cut,
+  timed in one process (kvpack/accounting/pairing.py makes them): the identity, the tier
+  the restored state came from, the depth (tokens restored = tokens the paired prefill
+  computed), both durations and when they were measured. kvpack's economics derive
+  speedup and seconds saved from these and nothing else (invariant 8).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
+from catalog.ids import IdentityDigest
 from catalog.models import EconomicsRow
 
 
 @dataclass(frozen=True, slots=True)
-class LedgerEntry:
-    identity: bytes
-    tier: str
-    restored_tokens: int
+class PairedTiming:
+    identity: IdentityDigest
+    tier: str  # where the restored state came from
+    depth: int
     restore_seconds: float
     prefill_seconds: float
-    measured_at: datetime
+    measured_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.identity, IdentityDigest):
+            raise ValueError(f"identity must be an IdentityDigest, got {self.identity!r}")
+        if isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 1:
+            raise ValueError(f"depth must be an int >= 1, got {self.depth!r}")
+        for name in ("restore_seconds", "prefill_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"{name} must be a number of seconds, got {value!r}")
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be finite and > 0, got {value!r}")
 
 
-def insert_entry(*, session: Session, entry: LedgerEntry) -> None:
+def insert_timing(*, session: Session, timing: PairedTiming) -> None:
     session.execute(
         insert(EconomicsRow).values(
-            identity=entry.identity.hex(),
-            tier=entry.tier,
-            restored_tokens=entry.restored_tokens,
-            restore_seconds=entry.restore_seconds,
-            prefill_seconds=entry.prefill_seconds,
-            measured_at=entry.measured_at,
+            identity=timing.identity.hex,
+            tier=timing.tier,
+            restored_tokens=timing.depth,
+            restore_seconds=timing.restore_seconds,
+            prefill_seconds=timing.prefill_seconds,
+            measured_at=timing.measured_at,
         )
     )
 
 
-def entries(*, session: Session, identities: Sequence[bytes]) -> list[LedgerEntry]:
-    """Every entry for these identities, oldest first."""
+def timings(*, session: Session, identities: Sequence[IdentityDigest]) -> list[PairedTiming]:
+    """Every paired timing for these identities, oldest first."""
     e = EconomicsRow
     rows = session.execute(
         select(
@@ -53,14 +68,14 @@ def entries(*, session: Session, identities: Sequence[bytes]) -> list[LedgerEntr
             e.prefill_seconds,
             e.measured_at,
         )
-        .where(e.identity.in_([i.hex() for i in identities]))
+        .where(e.identity.in_([i.hex for i in identities]))
         .order_by(e.measured_at, e.id)
     )
     return [
-        LedgerEntry(
-            identity=bytes.fromhex(r.identity),
+        PairedTiming(
+            identity=IdentityDigest.from_hex(r.identity),
             tier=r.tier,
-            restored_tokens=r.restored_tokens,
+            depth=r.restored_tokens,
             restore_seconds=r.restore_seconds,
             prefill_seconds=r.prefill_seconds,
             measured_at=r.measured_at,

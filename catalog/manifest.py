@@ -1,9 +1,14 @@
 """Manifests: the sealed, immutable description of one cut.
 
 Words (see DESIGN.md):
-- manifest (pack): identity, depth, token-chain digest, ordered planes (role,
-  chunk id, size), the engine's layout (shapes, dtypes, ring metadata),
-  whether final logits were witnessed, generation and producer.
+- manifest (pack): identity, depth, token-chain digest, its ordered parts, the
+  engine's layout (shapes, dtypes, ring metadata), whether final logits were
+  witnessed, generation and producer.
+- part: one chunk of the cut as the engine encoded it (a block's planes, the
+  sliding-window rings, or the logits), named by its role ("block/3", "ring",
+  "logits"); a manifest lists each part as a PartRef (role, chunk id, plaintext
+  size). The body keeps format 1's JSON key "planes" for that list: manifests
+  sealed by earlier versions stay valid.
 - body: the canonical encoding of a manifest: sorted-key compact JSON with hex
   digests and a format version. Equal manifests have equal bodies; a body
   that does not re-encode to itself is refused.
@@ -35,9 +40,10 @@ from typing import Any
 import blake3
 
 from cas.errors import UnknownKey
-from cas.ids import DIGEST_SIZE, ChunkId
+from cas.ids import ChunkId
 from cas.keys import Keyring
 from catalog.errors import GenerationExhausted, ManifestInvalid
+from catalog.ids import ChainDigest, IdentityDigest, ManifestId
 
 FORMAT_VERSION = 1
 ENVELOPE_VERSION = 1
@@ -66,21 +72,21 @@ _BODY_KEYS = frozenset(
 )
 
 
-def idempotency_key(identity: bytes, chain_digest: bytes) -> bytes:
+def idempotency_key(identity: IdentityDigest, chain: ChainDigest) -> bytes:
     """Names one history under one identity: domain tag + identity + full-history chain digest."""
-    _need_digest("identity", identity)
-    _need_digest("chain digest", chain_digest)
-    return blake3.blake3(PROMPT_DOMAIN + identity + chain_digest).digest()
+    _need(IdentityDigest, "identity", identity)
+    _need(ChainDigest, "chain digest", chain)
+    return blake3.blake3(PROMPT_DOMAIN + identity.raw + chain.raw).digest()
 
 
-def manifest_id(identity: bytes, chain_digest: bytes) -> str:
-    """The manifest id: the first 16 bytes of the idempotency key, in hex."""
-    return idempotency_key(identity, chain_digest)[:16].hex()
+def manifest_id(identity: IdentityDigest, chain: ChainDigest) -> ManifestId:
+    """The manifest id: the first 16 bytes of the idempotency key."""
+    return ManifestId(idempotency_key(identity, chain)[: ManifestId.SIZE])
 
 
 @dataclass(frozen=True, slots=True)
-class PlaneEntry:
-    """One stored plane part, in the engine's order: its role, chunk and plaintext size."""
+class PartRef:
+    """One part of a cut, in the engine's order: its role, chunk and plaintext size."""
 
     role: str
     chunk_id: ChunkId
@@ -88,21 +94,21 @@ class PlaneEntry:
 
     def __post_init__(self) -> None:
         if not isinstance(self.role, str) or not self.role:
-            raise ValueError(f"plane role must be a non-empty string, got {self.role!r}")
+            raise ValueError(f"part role must be a non-empty string, got {self.role!r}")
         if not isinstance(self.chunk_id, ChunkId):
-            raise ValueError(f"plane chunk_id must be a ChunkId, got {type(self.chunk_id)}")
+            raise ValueError(f"part chunk_id must be a ChunkId, got {type(self.chunk_id)}")
         if not _is_int(self.size) or self.size < 0:
-            raise ValueError(f"plane size must be a non-negative integer, got {self.size!r}")
+            raise ValueError(f"part size must be a non-negative integer, got {self.size!r}")
 
 
 @dataclass(frozen=True)
 class Manifest:
-    identity: bytes
+    identity: IdentityDigest
     depth: int
     alignment: int
-    chain: bytes
+    chain: ChainDigest
     logits_witnessed: bool
-    planes: tuple[PlaneEntry, ...]
+    parts: tuple[PartRef, ...]
     layout: Mapping[str, Any]
     generation: int
     producer: str
@@ -112,8 +118,8 @@ class Manifest:
     def __post_init__(self) -> None:
         if self.version != FORMAT_VERSION:
             raise ValueError(f"manifest format version {self.version!r} is not {FORMAT_VERSION}")
-        _need_digest("identity", self.identity)
-        _need_digest("chain digest", self.chain)
+        _need(IdentityDigest, "identity", self.identity)
+        _need(ChainDigest, "chain digest", self.chain)
         for name in ("depth", "alignment"):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
@@ -128,11 +134,11 @@ class Manifest:
             raise ValueError(f"producer must be a string of 1..{MAX_PRODUCER} characters")
         if not isinstance(self.created_at, datetime) or self.created_at.tzinfo is None:
             raise ValueError("created_at must be a timezone-aware datetime")
-        planes = tuple(self.planes)
-        for p in planes:
-            if not isinstance(p, PlaneEntry):
-                raise ValueError(f"planes must be PlaneEntry values, got {type(p)}")
-        object.__setattr__(self, "planes", planes)
+        parts = tuple(self.parts)
+        for p in parts:
+            if not isinstance(p, PartRef):
+                raise ValueError(f"parts must be PartRef values, got {type(p)}")
+        object.__setattr__(self, "parts", parts)
         object.__setattr__(self, "created_at", self.created_at.astimezone(UTC))
         # A detached, JSON-checked copy: the layout is sealed as given, never aliased.
         object.__setattr__(self, "layout", json.loads(_canonical_json(dict(self.layout))))
@@ -143,15 +149,15 @@ class Manifest:
 
     @property
     def bytes(self) -> int:
-        """Plaintext bytes of all planes (what a restore of this cut reads)."""
-        return sum(p.size for p in self.planes)
+        """Plaintext bytes of all parts (what a restore of this cut reads)."""
+        return sum(p.size for p in self.parts)
 
     @property
     def idempotency_key(self) -> bytes:
         return idempotency_key(self.identity, self.chain)
 
     @property
-    def id(self) -> str:
+    def id(self) -> ManifestId:
         return manifest_id(self.identity, self.chain)
 
 
@@ -169,13 +175,13 @@ def encode_body(m: Manifest) -> bytes:
     """The canonical body: deterministic bytes for a manifest."""
     doc = {
         "version": m.version,
-        "identity": m.identity.hex(),
+        "identity": m.identity.hex,
         "depth": m.depth,
         "alignment": m.alignment,
-        "chain": m.chain.hex(),
+        "chain": m.chain.hex,
         "aligned": m.aligned,
         "logits_witnessed": m.logits_witnessed,
-        "planes": [{"role": p.role, "chunk": p.chunk_id.hex, "size": p.size} for p in m.planes],
+        "planes": [{"role": p.role, "chunk": p.chunk_id.hex, "size": p.size} for p in m.parts],
         "layout": m.layout,
         "generation": m.generation,
         "producer": m.producer,
@@ -254,13 +260,13 @@ def decode_body(body: bytes) -> Manifest:
         if not isinstance(doc["layout"], dict):
             raise ValueError("layout must be an object")
         m = Manifest(
-            identity=_from_hex(doc["identity"]),
+            identity=IdentityDigest.from_hex(_need_str(doc["identity"])),
             depth=doc["depth"],
             alignment=doc["alignment"],
-            chain=_from_hex(doc["chain"]),
+            chain=ChainDigest.from_hex(_need_str(doc["chain"])),
             logits_witnessed=doc["logits_witnessed"],
-            planes=tuple(
-                PlaneEntry(p["role"], ChunkId.from_hex(_need_str(p["chunk"])), p["size"])
+            parts=tuple(
+                PartRef(p["role"], ChunkId.from_hex(_need_str(p["chunk"])), p["size"])
                 for p in planes
             ),
             layout=doc["layout"],
@@ -302,23 +308,19 @@ def _need_str(v: object) -> str:
     return v
 
 
-def _from_hex(v: object) -> bytes:
-    return bytes.fromhex(_need_str(v))
-
-
-def _need_digest(name: str, v: object) -> None:
-    if not isinstance(v, bytes) or len(v) != DIGEST_SIZE:
-        raise ValueError(f"{name} must be {DIGEST_SIZE} bytes")
+def _need(kind: type, name: str, v: object) -> None:
+    if not isinstance(v, kind):
+        raise ValueError(f"{name} must be a {kind.__name__}, got {type(v).__name__}")
 
 
 def make_manifest(
     *,
-    identity: bytes,
+    identity: IdentityDigest,
     depth: int,
     alignment: int,
-    chain: bytes,
+    chain: ChainDigest,
     logits_witnessed: bool,
-    planes: Sequence[PlaneEntry],
+    parts: Sequence[PartRef],
     layout: Mapping[str, Any],
     generation: int,
     producer: str,
@@ -331,7 +333,7 @@ def make_manifest(
         alignment=alignment,
         chain=chain,
         logits_witnessed=logits_witnessed,
-        planes=tuple(planes),
+        parts=tuple(parts),
         layout=layout,
         generation=generation,
         producer=producer,

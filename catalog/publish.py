@@ -19,9 +19,11 @@ chunks are not all stored (DESIGN invariant 6). In order:
    and its manifest_chunks. A collected reservation restarts at 2; a lost
    race deletes our object and returns the winner's manifest.
 
-load_cut: the catalog row, the manifest object, its MAC, identity and the
-row's depth, chain and generation, then every chunk verified. Nothing
-unverified is returned.
+load_cut: the manifest object a Cut names (the Cut carries its catalog row's
+facts, so nothing is read from the catalog again), its MAC, then its identity,
+depth, chain, bytes and generation against the row's, then every chunk
+verified. Nothing unverified is returned. A manifest object that is gone is a
+verification failure (ManifestMissing), not an outage: its row promises it.
 
 Generation: a hybrid clock per process (wall-clock nanoseconds, bumped to stay
 strictly increasing); it stays below 2**63-1 until the year 2262 and is refused
@@ -41,25 +43,25 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from cas.chunks import ChunkRef, ChunkStore
+from cas.chunks import Blob, ChunkRef, ChunkStore
 from cas.errors import ObjectMissing
+from cas.ids import ChunkId
 from cas.keys import Keyring
 from cas.layout import object_key
 from cas.seal import sealed_size
 from catalog import queries
-from catalog.chain import token_chain
 from catalog.errors import (
     ChunksBeingCollected,
-    CutMissing,
     GenerationExhausted,
-    IdentityMismatch,
     ManifestInvalid,
+    ManifestMissing,
     StaleGeneration,
 )
+from catalog.ids import IdentityDigest
 from catalog.manifest import (
     MAX_GENERATION,
     Manifest,
-    PlaneEntry,
+    PartRef,
     SealedManifest,
     encode_body,
     idempotency_key,
@@ -68,8 +70,8 @@ from catalog.manifest import (
     open_sealed,
     seal_manifest,
 )
-from catalog.models import ManifestRow
 from catalog.queries import Cut
+from catalog.scope import Scope
 from catalog.tx import Checkpoint, no_checkpoint, run_tx
 
 MAX_RESTARTS = 5
@@ -92,10 +94,10 @@ def next_generation() -> int:
 
 @dataclass(frozen=True)
 class LoadedCut:
-    """A verified cut: its manifest and each plane's bytes, in manifest order."""
+    """A verified cut: its manifest and each part's bytes, in manifest order."""
 
     manifest: Manifest
-    planes: list[tuple[str, memoryview]]
+    parts: list[tuple[str, memoryview]]
     signature: bytes  # the envelope's signature slot (empty when unsigned)
 
 
@@ -104,11 +106,9 @@ async def publish(
     chunks: ChunkStore,
     db: Engine,
     keyring: Keyring,
-    identity: bytes,
-    identity_components: Mapping[str, Any] | None,
+    scope: Scope,
     tokens: Sequence[int],
-    alignment: int,
-    planes: Sequence[tuple[str, bytes | memoryview]],
+    parts: Sequence[tuple[str, Blob]],
     layout: Mapping[str, Any],
     logits_witnessed: bool,
     producer: str,
@@ -124,56 +124,55 @@ async def publish(
     `checkpoint(name)` is awaited at "reserved", "chunks_stored", "manifest_stored",
     "committed" and "waiting_for_collector" (tests pause there to interleave).
     """
-    chain = token_chain(tokens, alignment=alignment)
+    if chunks.namespace != scope.namespace:
+        raise ValueError(f"chunk store of {chunks.namespace!r} for scope {scope}")
+    chain = scope.chain(tokens)
     if chain.depth == 0:
         raise ValueError("cannot publish an empty history")
+    identity = scope.identity
     key = idempotency_key(identity, chain.digest)
     mid = manifest_id(identity, chain.digest)
     point = checkpoint or no_checkpoint
 
-    row = await run_tx(db, lambda s: queries.manifest_by_idempotency_key(session=s, key=key))
-    if row is not None:
-        return (await _open_row(chunks, keyring, row, identity)).manifest
+    existing = await run_tx(db, lambda s: queries.cut_by_idempotency_key(session=s, key=key))
+    if existing is not None:
+        return (await _open_cut(chunks, keyring, existing, identity)).manifest
 
-    blobs = [data for _, data in planes]
-    ids = await asyncio.to_thread(lambda: [chunks.chunk_id(b).hex for b in blobs])
-    sizes = {i: len(b) for i, b in zip(ids, blobs, strict=True)}
+    blobs = [data for _, data in parts]
+    # Each chunk is digested once per publish; the store seals under these ids.
+    ids: list[ChunkId] = await asyncio.to_thread(lambda: [chunks.chunk_id(b) for b in blobs])
+    sizes = {i.hex: len(b) for i, b in zip(ids, blobs, strict=True)}
     stored = {i: sealed_size(n, keyring.current) for i, n in sizes.items()}
+    hex_ids = [i.hex for i in ids]
 
     for _ in range(MAX_RESTARTS):
         reserved = await _reserve(db, sizes, stored, reclaim_wait_s, point)
         await point("reserved")
-        refs = await chunks.put_many(blobs)
-        if [r.id.hex for r in refs] != ids:  # pragma: no cover - ChunkStore names by content
-            raise RuntimeError("chunk store returned ids that differ from the content digests")
+        refs = await chunks.put_many(blobs, ids=ids)
         await point("chunks_stored")
 
         manifest, sealed, okey = _seal(
             keyring=keyring,
             identity=identity,
-            chain_digest=chain.digest,
+            chain=chain.digest,
             depth=chain.depth,
-            alignment=alignment,
+            alignment=scope.alignment,
             logits_witnessed=logits_witnessed,
-            planes=[
-                PlaneEntry(role, r.id, r.size) for (role, _), r in zip(planes, refs, strict=True)
-            ],
+            parts=[PartRef(role, r.id, r.size) for (role, _), r in zip(parts, refs, strict=True)],
             layout=layout,
             producer=producer,
-            prefix=chunks.prefix,
-            mid=mid,
             sign=sign,
         )
         while not await chunks.objects.put_if_absent(okey, sealed):
             # Another process drew the same generation: draw again (the object is per attempt).
-            manifest, sealed, okey = _reseal(manifest, keyring, chunks.prefix, sign)
+            manifest, sealed, okey = _reseal(manifest, keyring, sign)
         await point("manifest_stored")
 
         values = {
-            "id": mid,
-            "identity": identity.hex(),
+            "id": mid.hex,
+            "identity": identity.hex,
             "depth": manifest.depth,
-            "chain": manifest.chain.hex(),
+            "chain": manifest.chain.hex,
             "aligned": manifest.aligned,
             "logits_witnessed": manifest.logits_witnessed,
             "bytes": manifest.bytes,
@@ -188,7 +187,7 @@ async def publish(
             winner = await run_tx(
                 db,
                 lambda s, values=values, reserved=reserved: _commit(
-                    s, identity, identity_components, values, planes, ids, reserved
+                    s, identity, scope.components, values, parts, hex_ids, reserved
                 ),
             )
         except _Collected:
@@ -199,32 +198,20 @@ async def publish(
             await point("committed")
             return manifest
         await chunks.objects.delete(okey)  # nobody else can name this attempt's object
-        return (await _open_row(chunks, keyring, winner, identity)).manifest
-    raise ChunksBeingCollected(ids)
+        return (await _open_cut(chunks, keyring, winner, identity)).manifest
+    raise ChunksBeingCollected([i.hex for i in ids])
 
 
 async def load_cut(
-    *,
-    chunks: ChunkStore,
-    db: Engine | Session,
-    keyring: Keyring,
-    cut: Cut,
-    identity: bytes,
+    *, chunks: ChunkStore, keyring: Keyring, cut: Cut, identity: IdentityDigest
 ) -> LoadedCut:
-    """Fetch and verify a cut: MAC, identity, catalog agreement, then every chunk."""
-    row = await run_tx(
-        db, lambda s: queries.get_manifest_row(session=s, manifest_id=cut.manifest_id)
-    )
-    if row is None:
-        raise CutMissing(cut.manifest_id)
-    if (row.depth, row.object_key) != (cut.depth, cut.object_key):
-        raise ManifestInvalid(f"cut {cut.manifest_id} does not match its catalog row")
-    sealed = await _open_row(chunks, keyring, row, identity)
+    """Fetch and verify a cut: MAC, identity, agreement with its row, then every chunk."""
+    sealed = await _open_cut(chunks, keyring, cut, identity)
     manifest = sealed.manifest
-    refs = [ChunkRef(p.chunk_id, p.size) for p in manifest.planes]
+    refs = [ChunkRef(p.chunk_id, p.size) for p in manifest.parts]
     buffer = await chunks.get_many(refs)
     out, offset = [], 0
-    for p in manifest.planes:
+    for p in manifest.parts:
         out.append((p.role, buffer[offset : offset + p.size]))
         offset += p.size
     return LoadedCut(manifest, out, sealed.signature)
@@ -267,13 +254,13 @@ class _Collected(Exception):
 
 def _commit(
     session: Session,
-    identity: bytes,
+    identity: IdentityDigest,
     components: Mapping[str, Any] | None,
     values: dict[str, Any],
-    planes: Sequence[tuple[str, Any]],
+    parts: Sequence[tuple[str, Any]],
     ids: Sequence[str],
     reserved: Mapping[str, datetime],
-) -> ManifestRow | None:
+) -> Cut | None:
     """Rows for the manifest in one transaction; the winner's row if another publish won."""
     now = datetime.now(UTC)
     queries.ensure_identity(session=session, identity=identity, components=components, now=now)
@@ -283,30 +270,23 @@ def _commit(
         if claim is None or claim.condemned or claim.first_stored_at != reserved[i]:
             raise _Collected(i)
     queries.touch_chunks(session=session, ids=ids, now=now)
-    rows = [(role, i) for (role, _), i in zip(planes, ids, strict=True)]
+    rows = [(role, i) for (role, _), i in zip(parts, ids, strict=True)]
     if queries.insert_manifest(session=session, row=values, chunks=rows):
         return None
-    winner = queries.manifest_by_idempotency_key(
+    return queries.cut_by_idempotency_key(
         session=session, key=bytes.fromhex(values["idempotency_key"])
     )
-    return winner
 
 
-def _seal(
-    *, keyring: Keyring, prefix: str, mid: str, sign: Signer | None, **fields: Any
-) -> tuple[Manifest, bytes, str]:
-    chain_digest = fields.pop("chain_digest")
-    manifest = make_manifest(chain=chain_digest, generation=next_generation(), **fields)
-    return manifest, _envelope(manifest, keyring, sign), _object_key(manifest, mid, prefix)
+def _seal(*, keyring: Keyring, sign: Signer | None, **fields: Any) -> tuple[Manifest, bytes, str]:
+    manifest = make_manifest(generation=next_generation(), **fields)
+    return manifest, _envelope(manifest, keyring, sign), _object_key(manifest)
 
 
-def _reseal(
-    old: Manifest, keyring: Keyring, prefix: str, sign: Signer | None
-) -> tuple[Manifest, bytes, str]:
+def _reseal(old: Manifest, keyring: Keyring, sign: Signer | None) -> tuple[Manifest, bytes, str]:
     fields = {f: getattr(old, f) for f in old.__dataclass_fields__}
     manifest = Manifest(**{**fields, "generation": next_generation()})
-    sealed = _envelope(manifest, keyring, sign)
-    return manifest, sealed, _object_key(manifest, manifest.id, prefix)
+    return manifest, _envelope(manifest, keyring, sign), _object_key(manifest)
 
 
 def _envelope(manifest: Manifest, keyring: Keyring, sign: Signer | None) -> bytes:
@@ -314,36 +294,38 @@ def _envelope(manifest: Manifest, keyring: Keyring, sign: Signer | None) -> byte
     return seal_manifest(manifest, keyring, signature=signature)
 
 
-def _object_key(manifest: Manifest, mid: str, prefix: str) -> str:
+def _object_key(manifest: Manifest) -> str:
+    """Per publish attempt: the manifest id and the generation it drew."""
     return object_key(
-        "manifest", manifest.identity.hex(), f"{mid}-{manifest.generation:016x}", prefix=prefix
+        "manifest", manifest.identity.hex, f"{manifest.id.hex}-{manifest.generation:016x}"
     )
 
 
-async def _open_row(
-    chunks: ChunkStore, keyring: Keyring, row: ManifestRow, identity: bytes
+async def _open_cut(
+    chunks: ChunkStore, keyring: Keyring, cut: Cut, identity: IdentityDigest
 ) -> SealedManifest:
-    """The manifest a catalog row names, verified against the row and the asked identity."""
-    if row.identity != identity.hex():
-        raise IdentityMismatch(identity, bytes.fromhex(row.identity))
+    """The manifest a cut's row names, verified against the row and the asked identity."""
+    if cut.identity != identity:
+        raise ManifestInvalid(f"cut {cut.manifest_id} is of identity {cut.identity.short}")
     try:
-        data = await chunks.objects.get(row.object_key)
+        data = await chunks.objects.get(cut.object_key)
     except ObjectMissing as e:
-        raise CutMissing(row.id) from e
+        raise ManifestMissing(cut.manifest_id, cut.object_key) from e
     sealed = open_sealed(data, keyring)
     manifest = sealed.manifest
     if manifest.identity != identity:
-        raise IdentityMismatch(identity, manifest.identity)
+        raise ManifestInvalid(f"manifest {cut.object_key} is of identity {manifest.identity.short}")
     facts = (
         manifest.id,
         manifest.depth,
-        manifest.chain.hex(),
+        manifest.chain,
         manifest.aligned,
         manifest.logits_witnessed,
         manifest.bytes,
     )
-    if facts != (row.id, row.depth, row.chain, row.aligned, row.logits_witnessed, row.bytes):
-        raise ManifestInvalid(f"manifest object {row.object_key} does not match its catalog row")
-    if manifest.generation != row.generation:
-        raise StaleGeneration(row.id, row.generation, manifest.generation)
+    if facts != (cut.manifest_id, cut.depth, cut.chain, cut.aligned, cut.logits_witnessed,
+                 cut.bytes):  # fmt: skip
+        raise ManifestInvalid(f"manifest object {cut.object_key} does not match its catalog row")
+    if manifest.generation != cut.generation:
+        raise StaleGeneration(cut.manifest_id, cut.generation, manifest.generation)
     return sealed

@@ -1,7 +1,8 @@
 """Catalog queries: keyword-only functions that never commit.
 
 The caller owns the transaction (`with Session(engine) as s, s.begin(): ...`),
-so two writes can be atomic. Digests go in as bytes and are stored as hex.
+so two writes can be atomic. Ids go in as values (catalog/ids.py) and are stored as
+their hex; chunk rows are keyed by the chunk id's hex.
 
 Words (see DESIGN.md):
 - cut: the state after exactly `depth` tokens, as the catalog knows it (Cut).
@@ -19,24 +20,46 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import delete, exists, func, or_, select, tuple_, update
+from sqlalchemy import and_, delete, exists, func, or_, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from catalog.chain import TokenChain
+from catalog.ids import ChainDigest, IdentityDigest, ManifestId
 from catalog.models import ChunkRow, IdentityRow, ManifestChunkRow, ManifestRow
 
 
 @dataclass(frozen=True, slots=True)
 class Cut:
-    """A sealed cut the catalog can serve for a prompt."""
+    """A sealed cut as its catalog row records it: everything a reader needs to open and
+    check its manifest object without asking the catalog again."""
 
-    manifest_id: str
+    manifest_id: ManifestId
+    identity: IdentityDigest
     depth: int
+    chain: ChainDigest
     aligned: bool
-    exact: bool  # depth == the prompt's length
     logits_witnessed: bool
     bytes: int
+    generation: int
+    producer: str
+    provenance: str
     object_key: str
+
+    @classmethod
+    def of(cls, row: Any) -> Cut:
+        return cls(
+            manifest_id=ManifestId.from_hex(row.id),
+            identity=IdentityDigest.from_hex(row.identity),
+            depth=row.depth,
+            chain=ChainDigest.from_hex(row.chain),
+            aligned=row.aligned,
+            logits_witnessed=row.logits_witnessed,
+            bytes=row.bytes,
+            generation=row.generation,
+            producer=row.producer,
+            provenance=row.provenance,
+            object_key=row.object_key,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,67 +70,92 @@ class ChunkClaim:
     condemned: bool
 
 
-def find_deepest(
-    *, session: Session, identity: bytes, chain: TokenChain, max_depth: int | None = None
-) -> Cut | None:
-    """The deepest sealed cut for this prompt under this identity, in one indexed query.
+_CUT_COLUMNS = (
+    ManifestRow.id,
+    ManifestRow.identity,
+    ManifestRow.depth,
+    ManifestRow.chain,
+    ManifestRow.aligned,
+    ManifestRow.logits_witnessed,
+    ManifestRow.bytes,
+    ManifestRow.generation,
+    ManifestRow.producer,
+    ManifestRow.provenance,
+    ManifestRow.object_key,
+)
 
-    Every link of the chain is a candidate: aligned links name ancestors, the
-    exact-end link names the prompt itself (a non-aligned cut matches only there).
-    `max_depth` caps the answer (e.g. to ask for an ancestor strictly shorter).
+
+def find_deepest(
+    *,
+    session: Session,
+    identity: IdentityDigest,
+    chain: TokenChain,
+    deeper_than: int = 0,
+    at_most: int | None = None,
+) -> Cut | None:
+    """The deepest sealed cut that can serve this prompt under this identity, in one
+    indexed query, with depth in (deeper_than, at_most].
+
+    Every link of the chain is a candidate: aligned links name ancestors, the exact-end
+    link names the prompt itself. A cut at the prompt's full depth serves only with
+    witnessed final logits (invariant 3); below it only aligned cuts serve (a
+    non-aligned cut names one exact history).
     """
-    links = [(d, digest) for d, digest in chain.links if max_depth is None or d <= max_depth]
+    links = [
+        (d, digest)
+        for d, digest in chain.links
+        if d > deeper_than and (at_most is None or d <= at_most)
+    ]
     if not links:
         return None
     m = ManifestRow
     row = session.execute(
-        select(m.id, m.depth, m.aligned, m.logits_witnessed, m.bytes, m.object_key)
+        select(*_CUT_COLUMNS)
         .where(
-            m.identity == identity.hex(),
-            m.chain.in_([digest.hex() for _, digest in links]),  # served by (identity, chain)
-            tuple_(m.chain, m.depth).in_([(digest.hex(), d) for d, digest in links]),
-            or_(m.aligned, m.depth == chain.depth),
+            m.identity == identity.hex,
+            m.chain.in_([digest.hex for _, digest in links]),  # served by (identity, chain)
+            tuple_(m.chain, m.depth).in_([(digest.hex, d) for d, digest in links]),
+            or_(
+                and_(m.depth == chain.depth, m.logits_witnessed),
+                and_(m.depth < chain.depth, m.aligned),
+            ),
         )
         .order_by(m.depth.desc())
         .limit(1)
     ).one_or_none()
-    if row is None:
-        return None
-    return Cut(
-        manifest_id=row.id,
-        depth=row.depth,
-        aligned=row.aligned,
-        exact=row.depth == chain.depth,
-        logits_witnessed=row.logits_witnessed,
-        bytes=row.bytes,
-        object_key=row.object_key,
-    )
+    return None if row is None else Cut.of(row)
 
 
-def record_hit(*, session: Session, manifest_id: str, at: datetime | None = None) -> bool:
+def get_cut(*, session: Session, manifest_id: ManifestId) -> Cut | None:
+    row = session.execute(
+        select(*_CUT_COLUMNS).where(ManifestRow.id == manifest_id.hex)
+    ).one_or_none()
+    return None if row is None else Cut.of(row)
+
+
+def touch_cut(*, session: Session, manifest_id: ManifestId, at: datetime | None = None) -> bool:
     """Mark a cut as just served (GC evicts the least recently hit first). False if gone."""
     result = session.execute(
-        update(ManifestRow).where(ManifestRow.id == manifest_id).values(last_hit_at=at or _now())
+        update(ManifestRow)
+        .where(ManifestRow.id == manifest_id.hex)
+        .values(last_hit_at=at or _now())
     )
     return result.rowcount == 1
 
 
-def get_manifest_row(*, session: Session, manifest_id: str) -> ManifestRow | None:
-    return session.get(ManifestRow, manifest_id)
+def cut_by_idempotency_key(*, session: Session, key: bytes) -> Cut | None:
+    row = session.execute(
+        select(*_CUT_COLUMNS).where(ManifestRow.idempotency_key == key.hex())
+    ).one_or_none()
+    return None if row is None else Cut.of(row)
 
 
-def manifest_by_idempotency_key(*, session: Session, key: bytes) -> ManifestRow | None:
-    return session.execute(
-        select(ManifestRow).where(ManifestRow.idempotency_key == key.hex())
-    ).scalar_one_or_none()
-
-
-def manifest_chunk_ids(*, session: Session, manifest_id: str) -> list[str]:
-    """The chunk ids of a manifest, in plane order."""
+def manifest_chunk_ids(*, session: Session, manifest_id: ManifestId) -> list[str]:
+    """The chunk ids (hex) of a manifest, in part order."""
     return list(
         session.scalars(
             select(ManifestChunkRow.chunk)
-            .where(ManifestChunkRow.manifest == manifest_id)
+            .where(ManifestChunkRow.manifest == manifest_id.hex)
             .order_by(ManifestChunkRow.ordinal)
         )
     )
@@ -168,17 +216,21 @@ def touch_chunks(*, session: Session, ids: Sequence[str], now: datetime) -> None
     )
 
 
-def identity_components(*, session: Session, identity: bytes) -> dict[str, Any] | None:
+def identity_components(*, session: Session, identity: IdentityDigest) -> dict[str, Any] | None:
     """The components recorded for an identity (None when unknown or not recorded)."""
-    row = select(IdentityRow.components).where(IdentityRow.digest == identity.hex())
+    row = select(IdentityRow.components).where(IdentityRow.digest == identity.hex)
     return session.scalar(row)
 
 
 def ensure_identity(
-    *, session: Session, identity: bytes, components: Mapping[str, Any] | None, now: datetime
+    *,
+    session: Session,
+    identity: IdentityDigest,
+    components: Mapping[str, Any] | None,
+    now: datetime,
 ) -> None:
     stmt = dialect_insert(session, IdentityRow).values(
-        digest=identity.hex(), components=dict(components) if components else None, created_at=now
+        digest=identity.hex, components=dict(components) if components else None, created_at=now
     )
     session.execute(stmt.on_conflict_do_nothing(index_elements=[IdentityRow.digest]))
 
@@ -213,33 +265,34 @@ def referenced_bytes(*, session: Session) -> int:
     return int(session.scalar(select(func.coalesce(func.sum(ChunkRow.size), 0)).where(referenced)))
 
 
-def exclusive_bytes(*, session: Session, manifest_id: str) -> int:
+def exclusive_bytes(*, session: Session, manifest_id: ManifestId) -> int:
     """Plaintext bytes of the chunks only this manifest references (what evicting it frees)."""
     mine, other = ManifestChunkRow, ManifestChunkRow.__table__.alias("other")
-    shared = exists().where(other.c.chunk == ChunkRow.id, other.c.manifest != manifest_id)
-    ids = select(mine.chunk).where(mine.manifest == manifest_id)
+    shared = exists().where(other.c.chunk == ChunkRow.id, other.c.manifest != manifest_id.hex)
+    ids = select(mine.chunk).where(mine.manifest == manifest_id.hex)
     total = select(func.coalesce(func.sum(ChunkRow.size), 0)).where(ChunkRow.id.in_(ids), ~shared)
     return int(session.scalar(total))
 
 
-def least_recently_hit(*, session: Session, limit: int) -> list[tuple[str, str]]:
+def least_recently_hit(*, session: Session, limit: int) -> list[tuple[ManifestId, str]]:
     """(manifest id, object key), least recently hit first (never hit: by creation)."""
     m = ManifestRow
     last_use = func.coalesce(m.last_hit_at, m.created_at)
     rows = session.execute(
         select(m.id, m.object_key).order_by(last_use, m.created_at, m.id).limit(limit)
     )
-    return [(r.id, r.object_key) for r in rows]
+    return [(ManifestId.from_hex(r.id), r.object_key) for r in rows]
 
 
-def delete_manifest(*, session: Session, manifest_id: str, now: datetime) -> str | None:
+def delete_manifest(*, session: Session, manifest_id: ManifestId, now: datetime) -> str | None:
     """Delete a manifest's rows; its chunks become unreferenced now. Returns its object key."""
-    object_key = session.scalar(select(ManifestRow.object_key).where(ManifestRow.id == manifest_id))
+    mid = manifest_id.hex
+    object_key = session.scalar(select(ManifestRow.object_key).where(ManifestRow.id == mid))
     if object_key is None:
         return None
     chunk_ids = manifest_chunk_ids(session=session, manifest_id=manifest_id)
-    session.execute(delete(ManifestChunkRow).where(ManifestChunkRow.manifest == manifest_id))
-    session.execute(delete(ManifestRow).where(ManifestRow.id == manifest_id))
+    session.execute(delete(ManifestChunkRow).where(ManifestChunkRow.manifest == mid))
+    session.execute(delete(ManifestRow).where(ManifestRow.id == mid))
     # The grace period counts from the last reference, so an eviction restarts it.
     touch_chunks(session=session, ids=chunk_ids, now=now)
     return object_key

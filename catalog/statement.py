@@ -2,10 +2,11 @@
 
 Words (see DESIGN.md, flow step 2 "remote"):
 - statement: a producer's signed claim "after these tokens, under this identity, the
-  state is these planes": the cut's identity, depth, alignment, chain digest,
-  logits witnessed, engine layout, and per plane its role, size and BLAKE3 digest
-  of the plaintext. Chunk ids are keyed per vault, so a peer could not check them;
-  the plaintext digest is what it checks the bytes it receives against.
+  state is these parts": the cut's identity, depth, alignment, chain digest,
+  logits witnessed, engine layout, and per part (a PartClaim) its role, size and
+  BLAKE3 digest of the plaintext. Chunk ids are keyed per vault, so a peer could not
+  check them; the plaintext digest is what it checks the bytes it receives against.
+  (The body's JSON key for the parts is "planes", as in kvpack-export-v1.)
 - generation: 64-bit, drawn from the producer's monotonic clock when the statement
   is issued (catalog.publish.next_generation). The importer keeps the newest it
   accepted per producer and identity and refuses an older or equal one, so a
@@ -24,6 +25,7 @@ from typing import Any
 import blake3
 
 from catalog.errors import ManifestInvalid
+from catalog.ids import ChainDigest, IdentityDigest, ManifestId
 from catalog.manifest import MAX_GENERATION, MAX_PRODUCER
 
 FORMAT = "kvpack-export-v1"
@@ -49,7 +51,7 @@ class StatementInvalid(ManifestInvalid):
 
 
 @dataclass(frozen=True)
-class PlaneClaim:
+class PartClaim:
     role: str
     size: int
     digest: bytes  # BLAKE3 of the plaintext
@@ -60,43 +62,43 @@ class PlaneClaim:
 
 @dataclass(frozen=True)
 class Statement:
-    identity: bytes
+    identity: IdentityDigest
     depth: int
     alignment: int
-    chain: bytes
+    chain: ChainDigest
     logits_witnessed: bool
     layout: Mapping[str, Any]
-    planes: tuple[PlaneClaim, ...]
+    parts: tuple[PartClaim, ...]
     producer: str
     generation: int
-    manifest: str  # the producer's manifest id (for the importer's records)
+    manifest: ManifestId  # the producer's manifest id (names its planes for the fetch)
 
     @property
     def size(self) -> int:
-        return sum(p.size for p in self.planes)
+        return sum(p.size for p in self.parts)
 
     @property
     def aligned(self) -> bool:
         return self.depth % self.alignment == 0
 
 
-def claims_for(planes: Sequence[tuple[str, bytes | memoryview]]) -> tuple[PlaneClaim, ...]:
-    return tuple(PlaneClaim(role, len(data), blake3.blake3(data).digest()) for role, data in planes)
+def claims_for(parts: Sequence[tuple[str, bytes | memoryview]]) -> tuple[PartClaim, ...]:
+    return tuple(PartClaim(role, len(data), blake3.blake3(data).digest()) for role, data in parts)
 
 
 def encode(s: Statement) -> bytes:
     doc = {
         "format": FORMAT,
-        "identity": s.identity.hex(),
+        "identity": s.identity.hex,
         "depth": s.depth,
         "alignment": s.alignment,
-        "chain": s.chain.hex(),
+        "chain": s.chain.hex,
         "logits_witnessed": s.logits_witnessed,
         "layout": s.layout,
-        "planes": [{"role": p.role, "size": p.size, "digest": p.digest.hex()} for p in s.planes],
+        "planes": [{"role": p.role, "size": p.size, "digest": p.digest.hex()} for p in s.parts],
         "producer": s.producer,
         "generation": s.generation,
-        "manifest": s.manifest,
+        "manifest": s.manifest.hex,
     }
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
@@ -112,26 +114,26 @@ def decode(body: bytes) -> Statement:
     if set(doc) != _KEYS:
         raise StatementInvalid(f"fields {sorted(set(doc) ^ _KEYS)} unexpected or missing")
     try:
-        planes = tuple(
-            PlaneClaim(_str(p["role"]), _count(p["size"]), _digest(p["digest"]))
+        parts = tuple(
+            PartClaim(_str(p["role"]), _count(p["size"]), _digest(p["digest"]))
             for p in _list(doc["planes"])
         )
         s = Statement(
-            identity=_digest(doc["identity"]),
+            identity=IdentityDigest(_digest(doc["identity"])),
             depth=_count(doc["depth"], minimum=1),
             alignment=_count(doc["alignment"], minimum=1),
-            chain=_digest(doc["chain"]),
+            chain=ChainDigest(_digest(doc["chain"])),
             logits_witnessed=_bool(doc["logits_witnessed"]),
             layout=_dict(doc["layout"]),
-            planes=planes,
+            parts=parts,
             producer=_str(doc["producer"], limit=MAX_PRODUCER),
             generation=_count(doc["generation"], maximum=MAX_GENERATION),
-            manifest=_str(doc["manifest"], limit=64),
+            manifest=ManifestId.from_hex(_str(doc["manifest"], limit=64)),
         )
     except (ValueError, TypeError, KeyError) as e:
         raise StatementInvalid(f"malformed statement: {e}") from None
-    if not s.planes:
-        raise StatementInvalid("statement names no planes")
+    if not s.parts:
+        raise StatementInvalid("statement names no parts")
     if encode(s) != body:
         raise StatementInvalid("statement is not in canonical encoding")
     return s

@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
+from catalog.ids import IdentityDigest
 from catalog.models import AcceptedGenerationRow, QuarantineRow, TrustedKeyRow
 from catalog.queries import dialect_insert
 from catalog.signing import Bundle
@@ -125,21 +126,21 @@ def all_trusted(*, session: Session) -> list[TrustedKeyRow]:
 # -- generations -----------------------------------------------------------------------
 
 
-def accepted_generation(*, session: Session, producer: str, identity: bytes) -> int | None:
+def accepted_generation(*, session: Session, producer: str, identity: IdentityDigest) -> int | None:
     return session.scalar(
         select(AcceptedGenerationRow.generation).where(
             AcceptedGenerationRow.producer == producer,
-            AcceptedGenerationRow.identity == identity.hex(),
+            AcceptedGenerationRow.identity == identity.hex,
         )
     )
 
 
 def accept_generation(
-    *, session: Session, producer: str, identity: bytes, generation: int, now: datetime
+    *, session: Session, producer: str, identity: IdentityDigest, generation: int, now: datetime
 ) -> bool:
     """Record `generation` as the newest accepted; False (nothing written) unless it is
     strictly newer than the one on record."""
-    values = {"producer": producer, "identity": identity.hex()}
+    values = {"producer": producer, "identity": identity.hex}
     inserted = session.execute(
         dialect_insert(session, AcceptedGenerationRow)
         .values(**values, generation=generation, accepted_at=now)
@@ -152,7 +153,7 @@ def accept_generation(
         update(AcceptedGenerationRow)
         .where(
             AcceptedGenerationRow.producer == producer,
-            AcceptedGenerationRow.identity == identity.hex(),
+            AcceptedGenerationRow.identity == identity.hex,
             AcceptedGenerationRow.generation < generation,
         )
         .values(generation=generation, accepted_at=now)
@@ -164,13 +165,13 @@ def accept_generation(
 
 
 def open_import(
-    *, session: Session, import_id: str, peer: str, identity: bytes, now: datetime
+    *, session: Session, import_id: str, peer: str, identity: IdentityDigest, now: datetime
 ) -> None:
     session.add(
         QuarantineRow(
             import_id=import_id,
             peer=peer,
-            identity=identity.hex(),
+            identity=identity.hex,
             state="pending",
             created_at=now,
             updated_at=now,

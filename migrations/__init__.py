@@ -3,11 +3,13 @@
 env.py takes its metadata from catalog.models and its URL from, in order: an
 open connection in config.attributes["connection"], a URL in
 config.attributes["database_url"], `sqlalchemy.url` in the ini, then
-kvpack.config.Settings. Revisions import only `op` and `sa`.
+$KVPACK_DATABASE_URL. It imports only catalog/ (the engine comes from catalog/db.py),
+so migrating never loads the MLX engine. Revisions import only `op` and `sa`.
 
     alembic_config(url)  -> a Config whose script_location is this package
-    `kvpack db upgrade|downgrade|current|check` drives it; so does
-    `alembic -c migrations/alembic.ini ...`.
+    migrate(url)         -> upgrade to head (what `kvpack serve` runs on start)
+    `kvpack db upgrade|downgrade|current|check` drives it (with kvpack's settings, the
+    data-dir default included); so does `alembic -c migrations/alembic.ini ...`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from alembic import command
 from alembic.config import Config
 
 HERE = Path(__file__).resolve().parent
@@ -30,3 +33,10 @@ def alembic_config(database_url: str | None = None, *, connection=None) -> Confi
     if connection is not None:
         config.attributes["connection"] = connection
     return config
+
+
+def migrate(database_url: str, revision: str = "head") -> None:
+    """Bring the catalog schema to `revision` (idempotent; a no-op when already there)."""
+    config = alembic_config(database_url)
+    config.attributes["configure_logging"] = False
+    command.upgrade(config, revision)

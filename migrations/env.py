@@ -1,15 +1,16 @@
-"""Alembic environment: metadata from catalog.models, URL from settings (see __init__)."""
+"""Alembic environment: metadata from catalog.models, the URL as migrations/__init__ says."""
 
 from __future__ import annotations
 
+import os
 from logging.config import fileConfig
 
 from alembic import context
 from sqlalchemy import Connection
 
+from catalog.db import make_engine, normalize_database_url
 from catalog.models import UTCDateTime
 from catalog.models import metadata as target_metadata
-from kvpack.config import Settings, make_engine, normalize_database_url
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logging", True):
@@ -17,8 +18,17 @@ if config.config_file_name is not None and config.attributes.get("configure_logg
 
 
 def database_url() -> str:
-    url = config.attributes.get("database_url") or config.get_main_option("sqlalchemy.url")
-    return normalize_database_url(url) if url else Settings.load().database_url
+    url = (
+        config.attributes.get("database_url")
+        or config.get_main_option("sqlalchemy.url")
+        or os.environ.get("KVPACK_DATABASE_URL")
+    )
+    if not url:
+        raise RuntimeError(
+            "no catalog URL: set KVPACK_DATABASE_URL, or run `kvpack db upgrade`, which "
+            "finds the catalog as `kvpack serve` does"
+        )
+    return normalize_database_url(url)
 
 
 def render_item(type_: str, obj: object, autogen_context: object) -> str | bool:

@@ -60,11 +60,25 @@ def test_namespaces_give_different_ids(object_store, keyring, aio):
         aio.run(b.get(ra))
 
 
-def test_prefix_places_chunks_under_it(object_store, keyring, aio):
-    """ChunkStore(prefix=...) keeps its chunks under that prefix."""
-    store = ChunkStore(object_store, keyring, prefix="vault1")
-    ref = aio.run(store.put(b"abc"))
-    assert aio.run(object_store.list_keys("vault1/chunks/")) == [store.key(ref.id)]
+def test_put_digests_once_and_verifies_without_digesting_again(chunk_store, aio, monkeypatch):
+    """put digests a chunk once (none when the caller passes the id it computed), and its
+    check of its own sealed output decrypts and compares instead of hashing again."""
+    calls = []
+    real = ChunkId.of.__func__
+
+    def counting(cls, data, *, key):
+        calls.append(len(data))
+        return real(cls, data, key=key)
+
+    monkeypatch.setattr(ChunkId, "of", classmethod(counting))
+    data = blob(5000, seed=9)
+    ref = aio.run(chunk_store.put(data))
+    assert len(calls) == 1
+    given = chunk_store.chunk_id(data + b"!")
+    calls.clear()
+    aio.run(chunk_store.put(data + b"!", chunk_id=given))
+    assert calls == []
+    assert aio.run(chunk_store.get(ref)) == data  # a read re-hashes, as it must
 
 
 def test_get_many_returns_one_buffer_in_ref_order(chunk_store, aio):

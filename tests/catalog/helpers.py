@@ -10,8 +10,10 @@ from sqlalchemy.orm import Session
 
 from catalog import queries
 from catalog.chain import token_chain
+from catalog.ids import IdentityDigest, ManifestId
 from catalog.manifest import idempotency_key, manifest_id
 from catalog.publish import load_cut, publish
+from catalog.scope import Scope
 
 A = 256  # the production alignment; histories stay small (a few hundred token ids)
 
@@ -21,8 +23,13 @@ def tokens(seed: int, n: int) -> list[int]:
     return [rng.randrange(50_000) for _ in range(n)]
 
 
-def identity(name: str) -> bytes:
-    return name.encode().ljust(32, b"\0")[:32]
+def identity(name: str) -> IdentityDigest:
+    return IdentityDigest(name.encode().ljust(32, b"\0")[:32])
+
+
+def scope(ident: IdentityDigest, namespace: str = "test") -> Scope:
+    """The scope of `ident` in the chunk_store fixture's namespace."""
+    return Scope(ident, namespace, A, components={"model": "tiny"})
 
 
 def payloads(seed: int, n: int = 3, size: int = 512) -> list[tuple[str, bytes]]:
@@ -33,23 +40,23 @@ def payloads(seed: int, n: int = 3, size: int = 512) -> list[tuple[str, bytes]]:
 def add_cut(
     session: Session,
     *,
-    ident: bytes,
+    ident: IdentityDigest,
     history: list[int],
     depth: int,
     logits: bool = True,
     nbytes: int = 100,
     at: datetime | None = None,
-) -> str:
+) -> ManifestId:
     """A catalog row for the cut after history[:depth] (no objects: for query tests)."""
     chain = token_chain(history[:depth], alignment=A)
     now = at or datetime.now(UTC)
     queries.ensure_identity(session=session, identity=ident, components={"t": 1}, now=now)
     mid = manifest_id(ident, chain.digest)
     row: dict[str, Any] = {
-        "id": mid,
-        "identity": ident.hex(),
+        "id": mid.hex,
+        "identity": ident.hex,
         "depth": depth,
-        "chain": chain.digest.hex(),
+        "chain": chain.digest.hex,
         "aligned": depth % A == 0,
         "logits_witnessed": logits,
         "bytes": nbytes,
@@ -57,7 +64,7 @@ def add_cut(
         "producer": "test",
         "provenance": "local",
         "idempotency_key": idempotency_key(ident, chain.digest).hex(),
-        "object_key": f"manifests/{ident.hex()}/{mid}",
+        "object_key": f"manifests/{ident.hex}/{mid.hex}",
         "created_at": now,
     }
     assert queries.insert_manifest(session=session, row=row, chunks=[])
@@ -68,17 +75,15 @@ ALICE = identity("alice")
 BOB = identity("bob")
 
 
-def do_publish(store, engine, history, planes, ident=ALICE, **kw):
+def do_publish(store, engine, history, parts, ident=ALICE, **kw):
     """publish() with test defaults; keyword arguments override them."""
     args = dict(
         chunks=store,
         db=engine,
         keyring=store.keyring,
-        identity=ident,
-        identity_components={"model": "tiny"},
+        scope=scope(ident, store.namespace),
         tokens=history,
-        alignment=A,
-        planes=planes,
+        parts=parts,
         layout={"layers": 1, "dtype": "float16"},
         logits_witnessed=True,
         producer="test",
@@ -96,7 +101,7 @@ def find(engine, history, ident=ALICE):
 
 def load_of(store, engine, cut, ident=ALICE):
     """load_cut() of `cut` with the test store's keyring."""
-    return load_cut(chunks=store, db=engine, keyring=store.keyring, cut=cut, identity=ident)
+    return load_cut(chunks=store, keyring=store.keyring, cut=cut, identity=ident)
 
 
 async def load(store, engine, history, ident=ALICE):

@@ -14,7 +14,7 @@ from cas.chunks import ChunkStore
 from cas.keys import Keyring
 from cas.local import LocalDirStore
 from cas.s3 import S3Config, S3Store
-from kvpack.config import make_engine
+from catalog.db import make_engine
 from tests.catalog.helpers import do_publish
 
 

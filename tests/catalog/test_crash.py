@@ -87,4 +87,4 @@ def test_killed_publisher_leaves_no_manifest_and_a_later_publish_completes(
     manifest = aio.run(do_publish(chunk_store, db_engine, history, planes))
     loaded = aio.run(load(chunk_store, db_engine, history))
     assert loaded.manifest == manifest
-    assert [(r, bytes(v)) for r, v in loaded.planes] == planes
+    assert [(r, bytes(v)) for r, v in loaded.parts] == planes

@@ -54,11 +54,13 @@ def test_budget_evicts_least_recently_hit_first(aio, chunk_store, db_engine):
     ]
     now = datetime.now(UTC)
     with Session(db_engine) as s, s.begin():
-        queries.record_hit(session=s, manifest_id=ms[0].id, at=now + 3 * HOUR)
-        queries.record_hit(session=s, manifest_id=ms[2].id, at=now + 1 * HOUR)
+        queries.touch_cut(session=s, manifest_id=ms[0].id, at=now + 3 * HOUR)
+        queries.touch_cut(session=s, manifest_id=ms[2].id, at=now + 1 * HOUR)
     objects_before = aio.run(chunk_store.objects.list_keys("manifests/"))
 
-    report = aio.run(collect(chunks=chunk_store, db=db_engine, budget_bytes=100, grace=HOUR))
+    report = aio.run(
+        collect(objects=chunk_store.objects, db=db_engine, budget_bytes=100, grace=HOUR)
+    )
 
     assert report.evicted == [ms[1].id, ms[2].id]
     assert (report.footprint_before, report.footprint_after) == (300, 100)
@@ -81,21 +83,27 @@ def test_chunks_go_after_the_grace_period_referenced_ones_never(aio, chunk_store
     )
     now = datetime.now(UTC)
     with Session(db_engine) as s, s.begin():
-        queries.record_hit(session=s, manifest_id=keep.id, at=now + HOUR)
-    budget = sum(p.size for p in keep.planes)
-    first = aio.run(collect(chunks=chunk_store, db=db_engine, budget_bytes=budget, grace=HOUR))
+        queries.touch_cut(session=s, manifest_id=keep.id, at=now + HOUR)
+    budget = sum(p.size for p in keep.parts)
+    first = aio.run(
+        collect(objects=chunk_store.objects, db=db_engine, budget_bytes=budget, grace=HOUR)
+    )
     assert first.evicted == [gone.id] and first.deleted_chunks == []
 
     later = aio.run(
         collect(
-            chunks=chunk_store, db=db_engine, budget_bytes=budget, grace=HOUR, now=now + 3 * HOUR
+            objects=chunk_store.objects,
+            db=db_engine,
+            budget_bytes=budget,
+            grace=HOUR,
+            now=now + 3 * HOUR,
         )
     )
-    only_gone = gone.planes[1].chunk_id.hex
+    only_gone = gone.parts[1].chunk_id.hex
     assert later.deleted_chunks == [only_gone] and later.evicted == []
-    assert set(chunk_rows(db_engine)) == {p.chunk_id.hex for p in keep.planes}
+    assert set(chunk_rows(db_engine)) == {p.chunk_id.hex for p in keep.parts}
     assert aio.run(stored_chunk_keys(chunk_store)) == {
-        chunk_store.key(p.chunk_id) for p in keep.planes
+        chunk_store.key(p.chunk_id) for p in keep.parts
     }
     assert aio.run(load(chunk_store, db_engine, tokens(200, 256))).manifest == keep
 
@@ -104,7 +112,9 @@ def age_out(aio, store, engine, history, planes) -> None:
     """Publish a cut and evict it an hour in the past: its chunks are old and unreferenced."""
     aio.run(do_publish(store, engine, history, planes))
     past = datetime.now(UTC) - 2 * HOUR
-    report = aio.run(collect(chunks=store, db=engine, budget_bytes=0, grace=HOUR, now=past))
+    report = aio.run(
+        collect(objects=store.objects, db=engine, budget_bytes=0, grace=HOUR, now=past)
+    )
     assert report.evicted and not report.deleted_chunks
 
 
@@ -121,14 +131,16 @@ def test_gc_during_publish_spares_reserved_chunks(aio, chunk_store, db_engine):
             do_publish(chunk_store, db_engine, history, [x, z], checkpoint=pause)
         )
         await asyncio.wait_for(pause.reached.wait(), 10)
-        report = await collect(chunks=chunk_store, db=db_engine, budget_bytes=None, grace=HOUR)
+        report = await collect(
+            objects=chunk_store.objects, db=db_engine, budget_bytes=None, grace=HOUR
+        )
         pause.release.set()
         return report, await publishing
 
     report, manifest = aio.run(scenario())
     assert report.deleted_chunks == [chunk_store.chunk_id(y[1]).hex]
     loaded = aio.run(load(chunk_store, db_engine, history))
-    assert [bytes(v) for _, v in loaded.planes] == [x[1], z[1]]
+    assert [bytes(v) for _, v in loaded.parts] == [x[1], z[1]]
 
 
 def test_publish_meeting_a_condemned_chunk_waits_and_stores_it_again(aio, chunk_store, db_engine):
@@ -143,7 +155,11 @@ def test_publish_meeting_a_condemned_chunk_waits_and_stores_it_again(aio, chunk_
         gc_pause = Pause("condemned")
         collecting = asyncio.create_task(
             collect(
-                chunks=chunk_store, db=db_engine, budget_bytes=None, grace=HOUR, checkpoint=gc_pause
+                objects=chunk_store.objects,
+                db=db_engine,
+                budget_bytes=None,
+                grace=HOUR,
+                checkpoint=gc_pause,
             )
         )
         await asyncio.wait_for(
@@ -167,7 +183,7 @@ def test_publish_meeting_a_condemned_chunk_waits_and_stores_it_again(aio, chunk_
     assert x_id in report.deleted_chunks
     assert seen.count("reserved") == 1 and "waiting_for_collector" in seen
     loaded = aio.run(load(chunk_store, db_engine, history))
-    assert [bytes(v) for _, v in loaded.planes] == [x[1], z[1]]
+    assert [bytes(v) for _, v in loaded.parts] == [x[1], z[1]]
     assert chunk_rows(db_engine)[x_id].condemned_at is None
 
 
@@ -185,16 +201,16 @@ def test_publish_that_outlives_the_grace_period_uploads_again(aio, chunk_store, 
         await asyncio.wait_for(pause.reached.wait(), 10)
         later = datetime.now(UTC) + 2 * HOUR
         report = await collect(
-            chunks=chunk_store, db=db_engine, budget_bytes=None, grace=HOUR, now=later
+            objects=chunk_store.objects, db=db_engine, budget_bytes=None, grace=HOUR, now=later
         )
         pause.release.set()
         return report, await publishing, pause.seen
 
     report, manifest, seen = aio.run(scenario())
-    assert sorted(report.deleted_chunks) == sorted(p.chunk_id.hex for p in manifest.planes)
+    assert sorted(report.deleted_chunks) == sorted(p.chunk_id.hex for p in manifest.parts)
     assert seen.count("reserved") == 2 and seen.count("committed") == 1
     loaded = aio.run(load(chunk_store, db_engine, history))
-    assert [bytes(v) for _, v in loaded.planes] == [p for _, p in planes]
+    assert [bytes(v) for _, v in loaded.parts] == [p for _, p in planes]
     assert len(aio.run(chunk_store.objects.list_keys("manifests/"))) == 1
 
 
@@ -212,7 +228,9 @@ def test_a_fresh_reservation_by_another_publish_is_not_ours(aio, chunk_store, db
         )
         await asyncio.wait_for(p_pause.reached.wait(), 10)
         later = datetime.now(UTC) + 2 * HOUR
-        await collect(chunks=chunk_store, db=db_engine, budget_bytes=None, grace=HOUR, now=later)
+        await collect(
+            objects=chunk_store.objects, db=db_engine, budget_bytes=None, grace=HOUR, now=later
+        )
         q_pause = Pause("reserved")
         q_task = asyncio.create_task(
             do_publish(chunk_store, db_engine, history_q, x, checkpoint=q_pause)
@@ -227,7 +245,7 @@ def test_a_fresh_reservation_by_another_publish_is_not_ours(aio, chunk_store, db
             await q_task
 
     loaded, seen = aio.run(scenario())
-    assert [bytes(v) for _, v in loaded.planes] == [x[0][1]]
+    assert [bytes(v) for _, v in loaded.parts] == [x[0][1]]
     assert seen.count("reserved") == 2
 
 
@@ -243,7 +261,13 @@ def test_a_dead_collectors_condemnations_are_adopted(aio, chunk_store, db_engine
 
     with pytest.raises(RuntimeError, match="collector died"):
         aio.run(
-            collect(chunks=chunk_store, db=db_engine, budget_bytes=None, grace=HOUR, checkpoint=die)
+            collect(
+                objects=chunk_store.objects,
+                db=db_engine,
+                budget_bytes=None,
+                grace=HOUR,
+                checkpoint=die,
+            )
         )
     history = tokens(601, 256)
     with pytest.raises(ChunksBeingCollected):
@@ -252,7 +276,7 @@ def test_a_dead_collectors_condemnations_are_adopted(aio, chunk_store, db_engine
 
     report = aio.run(
         collect(
-            chunks=chunk_store,
+            objects=chunk_store.objects,
             db=db_engine,
             budget_bytes=None,
             grace=HOUR,
@@ -262,18 +286,19 @@ def test_a_dead_collectors_condemnations_are_adopted(aio, chunk_store, db_engine
     assert len(report.deleted_chunks) == 2 and chunk_rows(db_engine) == {}
     assert aio.run(stored_chunk_keys(chunk_store)) == set()
     aio.run(do_publish(chunk_store, db_engine, history, [x]))
-    assert [bytes(v) for _, v in aio.run(load(chunk_store, db_engine, history)).planes] == [x[1]]
+    assert [bytes(v) for _, v in aio.run(load(chunk_store, db_engine, history)).parts] == [x[1]]
 
 
 def test_evicted_cut_is_a_miss_not_partial_state(aio, chunk_store, db_engine):
-    """A reader holding a Cut that GC evicted gets a typed miss (CutMissing), never bytes."""
-    from catalog.errors import CutMissing
+    """A reader holding a Cut that GC evicted gets a typed refusal (its manifest object or
+    a chunk is gone), never bytes."""
+    from catalog.errors import ManifestMissing
 
     history = tokens(700, 256)
     aio.run(do_publish(chunk_store, db_engine, history, payloads(700)))
     cut = find(db_engine, history)
-    aio.run(collect(chunks=chunk_store, db=db_engine, budget_bytes=0, grace=timedelta(0)))
-    with pytest.raises((CutMissing, ChunkMissing)):
+    aio.run(collect(objects=chunk_store.objects, db=db_engine, budget_bytes=0, grace=timedelta(0)))
+    with pytest.raises((ManifestMissing, ChunkMissing)):
         aio.run(load_of(chunk_store, db_engine, cut))
     with Session(db_engine) as s:
         assert s.scalar(select(ManifestRow.id)) is None
@@ -282,9 +307,9 @@ def test_evicted_cut_is_a_miss_not_partial_state(aio, chunk_store, db_engine):
 def test_bad_arguments_are_refused(aio, chunk_store, db_engine):
     """Bad input: a negative budget or grace -> ValueError."""
     with pytest.raises(ValueError, match="budget"):
-        aio.run(collect(chunks=chunk_store, db=db_engine, budget_bytes=-1, grace=HOUR))
+        aio.run(collect(objects=chunk_store.objects, db=db_engine, budget_bytes=-1, grace=HOUR))
     with pytest.raises(ValueError, match="grace"):
-        aio.run(collect(chunks=chunk_store, db=db_engine, budget_bytes=None, grace=-HOUR))
+        aio.run(collect(objects=chunk_store.objects, db=db_engine, budget_bytes=None, grace=-HOUR))
 
 
 def test_shared_chunks_count_once_in_the_footprint(aio, chunk_store, db_engine):
@@ -299,7 +324,9 @@ def test_shared_chunks_count_once_in_the_footprint(aio, chunk_store, db_engine):
     )
     now = datetime.now(UTC)
     with Session(db_engine) as s, s.begin():
-        queries.record_hit(session=s, manifest_id=a.id, at=now - HOUR)  # a is the LRU
-    report = aio.run(collect(chunks=chunk_store, db=db_engine, budget_bytes=125, grace=HOUR))
+        queries.touch_cut(session=s, manifest_id=a.id, at=now - HOUR)  # a is the LRU
+    report = aio.run(
+        collect(objects=chunk_store.objects, db=db_engine, budget_bytes=125, grace=HOUR)
+    )
     assert report.footprint_before == 130
     assert report.evicted == [a.id] and report.footprint_after == 120

@@ -13,10 +13,11 @@ from cas.ids import ChunkId
 from cas.keys import Keyring
 from catalog.chain import token_chain
 from catalog.errors import GenerationExhausted, ManifestInvalid
+from catalog.ids import IdentityDigest
 from catalog.manifest import (
     MAGIC,
     Manifest,
-    PlaneEntry,
+    PartRef,
     encode_body,
     idempotency_key,
     make_manifest,
@@ -26,7 +27,7 @@ from catalog.manifest import (
     seal_manifest,
 )
 
-IDENTITY = bytes(range(32))
+IDENTITY = IdentityDigest(bytes(range(32)))
 
 
 def sample(**over) -> Manifest:
@@ -37,9 +38,9 @@ def sample(**over) -> Manifest:
         alignment=256,
         chain=chain.digest,
         logits_witnessed=True,
-        planes=[
-            PlaneEntry("layer0.k.block0", ChunkId(b"\x01" * 32), 1024),
-            PlaneEntry("logits", ChunkId(b"\x02" * 32), 64),
+        parts=[
+            PartRef("layer0.k.block0", ChunkId(b"\x01" * 32), 1024),
+            PartRef("logits", ChunkId(b"\x02" * 32), 64),
         ],
         layout={"layers": 2, "dtype": "float16", "ring": {"window": 128, "offset": 3}},
         generation=7,
@@ -73,7 +74,7 @@ def test_encoding_is_canonical_and_deterministic():
     b = sample(layout={"a": [1, 2], "b": 1})
     assert encode_body(a) == encode_body(b)
     doc = json.loads(encode_body(a))
-    assert doc["identity"] == IDENTITY.hex() and doc["version"] == 1
+    assert doc["identity"] == IDENTITY.hex and doc["version"] == 1
     assert encode_body(a) == json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -207,8 +208,9 @@ def test_layout_must_be_json_able():
 def test_manifest_id_derives_from_the_idempotency_key():
     """Same identity and history -> same id; another identity or history -> another id."""
     m = sample()
-    assert m.id == manifest_id(IDENTITY, m.chain) == idempotency_key(IDENTITY, m.chain)[:16].hex()
+    assert m.id == manifest_id(IDENTITY, m.chain)
+    assert m.id.hex == idempotency_key(IDENTITY, m.chain)[:16].hex()
     assert sample(generation=99).id == m.id
-    assert manifest_id(bytes(32), m.chain) != m.id
+    assert manifest_id(IdentityDigest(bytes(32)), m.chain) != m.id
     other = token_chain(list(range(301)), alignment=256).digest
     assert manifest_id(IDENTITY, other) != m.id

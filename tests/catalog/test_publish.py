@@ -12,10 +12,9 @@ from sqlalchemy.orm import Session
 from cas.chunks import ChunkStore
 from cas.errors import ChunkCorrupt
 from cas.local import LocalDirStore
-from catalog.errors import CutMissing, IdentityMismatch, ManifestInvalid, StaleGeneration
+from catalog.errors import ManifestInvalid, ManifestMissing, StaleGeneration
 from catalog.manifest import Manifest, open_manifest, seal_manifest
 from catalog.models import ChunkRow, ManifestChunkRow, ManifestRow
-from catalog.publish import load_cut
 from tests.catalog.helpers import ALICE, BOB, do_publish, find, load_of, payloads, tokens
 
 
@@ -29,30 +28,20 @@ async def keys(store: ChunkStore, kind: str) -> list[str]:
 
 
 def test_publish_then_find_and_load(aio, chunk_store, db_engine):
-    """Happy path: the published cut is found and loads verified, planes in order."""
-    h, planes = tokens(1, 300), payloads(1)
-    m = aio.run(do_publish(chunk_store, db_engine, h, planes))
+    """Happy path: the published cut is found and loads verified, parts in order; the Cut
+    carries the row's facts, so loading reads nothing from the catalog again."""
+    h, parts = tokens(1, 300), payloads(1)
+    m = aio.run(do_publish(chunk_store, db_engine, h, parts))
     assert (m.depth, m.aligned, m.logits_witnessed) == (300, False, True)
     cut = find(db_engine, h)
-    assert cut.manifest_id == m.id and cut.exact and cut.bytes == sum(len(p) for _, p in planes)
+    assert (cut.manifest_id, cut.depth, cut.generation) == (m.id, len(h), m.generation)
+    assert cut.bytes == sum(len(p) for _, p in parts)
     loaded = aio.run(load_of(chunk_store, db_engine, cut))
     assert loaded.manifest == m
-    assert [(r, bytes(v)) for r, v in loaded.planes] == planes
+    assert [(r, bytes(v)) for r, v in loaded.parts] == parts
     with Session(db_engine) as s:
         rows = s.execute(select(ManifestChunkRow.role).order_by(ManifestChunkRow.ordinal)).all()
-        assert [r.role for r in rows] == [r for r, _ in planes]
-
-
-def test_load_cut_accepts_a_session(aio, chunk_store, db_engine):
-    """load_cut(db=Session) reads through the caller's session without committing."""
-    h = tokens(2, 256)
-    aio.run(do_publish(chunk_store, db_engine, h, payloads(2)))
-    cut = find(db_engine, h)
-    with Session(db_engine) as s:
-        loaded = aio.run(
-            load_cut(chunks=chunk_store, db=s, keyring=chunk_store.keyring, cut=cut, identity=ALICE)
-        )
-    assert loaded.manifest.depth == 256 and loaded.manifest.aligned
+        assert [r.role for r in rows] == [r for r, _ in parts]
 
 
 def test_same_history_twice_is_one_manifest(aio, chunk_store, db_engine):
@@ -77,11 +66,11 @@ def test_equal_chunks_are_stored_once_across_histories(aio, chunk_store, db_engi
 def test_eight_concurrent_publishers_asyncio(aio, chunk_store, db_engine):
     """Race: 8 tasks publish the same chunks and history -> all succeed, one manifest,
     one copy of each chunk, one manifest object (losers remove theirs)."""
-    h, planes = tokens(6, 700), payloads(6, n=4)
+    h, parts = tokens(6, 700), payloads(6, n=4)
 
     async def race():
         return await asyncio.gather(
-            *(do_publish(chunk_store, db_engine, h, planes) for _ in range(8))
+            *(do_publish(chunk_store, db_engine, h, parts) for _ in range(8))
         )
 
     results = aio.run(race())
@@ -95,7 +84,7 @@ def test_eight_concurrent_publishers_asyncio(aio, chunk_store, db_engine):
 def test_eight_concurrent_publishers_threads(db_engine, tmp_path, keyring):
     """Race across threads (own event loop and store handle each, one directory and
     database): all succeed with the same manifest, one copy of everything."""
-    h, planes = tokens(7, 600), payloads(7, n=3)
+    h, parts = tokens(7, 600), payloads(7, n=3)
     results: list[Manifest] = []
     errors: list[BaseException] = []
     everyone_reserved = threading.Barrier(8, timeout=30)
@@ -107,7 +96,7 @@ def test_eight_concurrent_publishers_threads(db_engine, tmp_path, keyring):
     def worker():
         store = ChunkStore(LocalDirStore(tmp_path / "objects"), keyring, namespace="test")
         try:
-            results.append(asyncio.run(do_publish(store, db_engine, h, planes, checkpoint=point)))
+            results.append(asyncio.run(do_publish(store, db_engine, h, parts, checkpoint=point)))
         except BaseException as e:  # reported below with the others
             errors.append(e)
 
@@ -125,13 +114,12 @@ def test_eight_concurrent_publishers_threads(db_engine, tmp_path, keyring):
 
 
 def test_load_under_another_identity_is_refused(aio, chunk_store, db_engine):
-    """Invariant 1: a cut loaded under another identity -> IdentityMismatch, nothing returned."""
+    """Invariant 1: a cut loaded under another identity -> ManifestInvalid, nothing returned."""
     h = tokens(8, 256)
     aio.run(do_publish(chunk_store, db_engine, h, payloads(8)))
     cut = find(db_engine, h)
-    with pytest.raises(IdentityMismatch) as e:
+    with pytest.raises(ManifestInvalid, match=f"identity {ALICE.short}"):
         aio.run(load_of(chunk_store, db_engine, cut, BOB))
-    assert e.value.expected == BOB and e.value.got == ALICE
 
 
 async def replace_object(store: ChunkStore, key: str, data: bytes) -> None:
@@ -193,33 +181,28 @@ def test_manifest_of_another_cut_under_this_key_is_refused(aio, chunk_store, db_
 
 
 def test_corrupt_chunk_returns_nothing(aio, chunk_store, db_engine):
-    """Fault: a damaged chunk under a valid manifest -> ChunkCorrupt, no planes returned."""
+    """Fault: a damaged chunk under a valid manifest -> ChunkCorrupt, no parts returned."""
     h = tokens(14, 256)
     m = aio.run(do_publish(chunk_store, db_engine, h, payloads(14)))
-    key = chunk_store.key(m.planes[1].chunk_id)
+    key = chunk_store.key(m.parts[1].chunk_id)
     data = bytearray(aio.run(chunk_store.objects.get(key)))
     data[len(data) // 2] ^= 0x01
     aio.run(replace_object(chunk_store, key, bytes(data)))
     with pytest.raises(ChunkCorrupt):
-        aio.run(
-            load_cut(
-                chunks=chunk_store,
-                db=db_engine,
-                keyring=chunk_store.keyring,
-                cut=find(db_engine, h),
-                identity=ALICE,
-            )
-        )
+        aio.run(load_of(chunk_store, db_engine, find(db_engine, h)))
 
 
-def test_missing_manifest_object_is_a_cut_missing(aio, chunk_store, db_engine):
-    """Fault: the manifest object is gone -> CutMissing (a miss, never partial state)."""
+def test_missing_manifest_object_is_a_verification_failure(aio, chunk_store, db_engine):
+    """Fault: the manifest object its row names is gone -> ManifestMissing, a kind of
+    ManifestInvalid (the row's promise is broken: a miss, never partial state, and never
+    mistaken for an outage)."""
     h = tokens(15, 256)
     aio.run(do_publish(chunk_store, db_engine, h, payloads(15)))
     cut = find(db_engine, h)
     aio.run(chunk_store.objects.delete(cut.object_key))
-    with pytest.raises(CutMissing):
+    with pytest.raises(ManifestMissing) as e:
         aio.run(load_of(chunk_store, db_engine, cut))
+    assert isinstance(e.value, ManifestInvalid) and e.value.object_key == cut.object_key
 
 
 def test_manifest_object_is_sealed_with_the_vault_key(aio, chunk_store, db_engine):
@@ -228,7 +211,7 @@ def test_manifest_object_is_sealed_with_the_vault_key(aio, chunk_store, db_engin
     m = aio.run(do_publish(chunk_store, db_engine, h, payloads(16)))
     cut = find(db_engine, h)
     assert open_manifest(aio.run(chunk_store.objects.get(cut.object_key)), chunk_store.keyring) == m
-    assert cut.object_key.startswith(f"manifests/{ALICE.hex()}/{m.id}-")
+    assert cut.object_key.startswith(f"manifests/{ALICE.hex}/{m.id.hex}-")
 
 
 def test_empty_history_is_refused(aio, chunk_store, db_engine):
@@ -256,19 +239,11 @@ def test_generations_increase_strictly_and_never_wrap(monkeypatch):
         publish_module.next_generation()
 
 
-def test_repeated_planes_share_one_chunk(aio, chunk_store, db_engine):
-    """Two planes with equal bytes are one chunk (stored once) and both load back."""
+def test_repeated_parts_share_one_chunk(aio, chunk_store, db_engine):
+    """Two parts with equal bytes are one chunk (stored once) and both load back."""
     same = b"\x00" * 256
     h = tokens(18, 256)
     aio.run(do_publish(chunk_store, db_engine, h, [("k", same), ("v", same), ("x", b"x")]))
     assert count(db_engine, ChunkRow) == 2
-    loaded = aio.run(
-        load_cut(
-            chunks=chunk_store,
-            db=db_engine,
-            keyring=chunk_store.keyring,
-            cut=find(db_engine, h),
-            identity=ALICE,
-        )
-    )
-    assert [(r, bytes(v)) for r, v in loaded.planes] == [("k", same), ("v", same), ("x", b"x")]
+    loaded = aio.run(load_of(chunk_store, db_engine, find(db_engine, h)))
+    assert [(r, bytes(v)) for r, v in loaded.parts] == [("k", same), ("v", same), ("x", b"x")]

@@ -8,6 +8,7 @@ from sqlalchemy import event
 
 from catalog import queries
 from catalog.chain import token_chain
+from catalog.ids import ManifestId
 from catalog.models import ManifestRow
 from tests.catalog.helpers import A, add_cut, identity, tokens
 
@@ -28,18 +29,18 @@ def test_aligned_ancestors_serve_a_longer_prompt(db_session):
     mid512 = add_cut(db_session, ident=ALICE, history=h, depth=512)
     cut = deepest(db_session, ALICE, h[:700])
     assert cut is not None
-    assert (cut.manifest_id, cut.depth, cut.aligned, cut.exact) == (mid512, 512, True, False)
+    assert (cut.manifest_id, cut.depth, cut.aligned) == (mid512, 512, True)
 
 
 def test_deepest_sealed_cut_wins_including_the_exact_one(db_session):
-    """Branch: an exact non-aligned cut deeper than every ancestor wins, marked exact."""
+    """Branch: an exact non-aligned cut deeper than every ancestor wins, with its facts."""
     h = tokens(2, 900)
     for depth in (256, 512):
         add_cut(db_session, ident=ALICE, history=h, depth=depth)
     exact = add_cut(db_session, ident=ALICE, history=h, depth=700, logits=True, nbytes=7)
     cut = deepest(db_session, ALICE, h[:700])
-    assert cut.manifest_id == exact and cut.exact and not cut.aligned
-    assert cut.logits_witnessed and cut.bytes == 7
+    assert cut.manifest_id == exact and cut.depth == 700 and not cut.aligned
+    assert cut.logits_witnessed and cut.bytes == 7 and cut.identity == ALICE
 
 
 def test_non_aligned_cuts_match_only_exactly(db_session):
@@ -56,7 +57,7 @@ def test_only_a_non_aligned_cut_and_a_longer_prompt_is_a_miss(db_session):
     """Branch: nothing aligned below the prompt -> None, even though a prefix was published."""
     h = tokens(4, 400)
     add_cut(db_session, ident=ALICE, history=h, depth=200)
-    assert deepest(db_session, ALICE, h[:200]).exact
+    assert deepest(db_session, ALICE, h[:200]).depth == 200
     assert deepest(db_session, ALICE, h[:400]) is None
 
 
@@ -79,14 +80,28 @@ def test_a_diverging_prompt_stops_at_the_last_shared_boundary(db_session):
     assert deepest(db_session, ALICE, h).depth == 768
 
 
-def test_max_depth_caps_the_answer(db_session):
-    """Branch: max_depth excludes deeper links (e.g. an exact cut without logits)."""
+def test_an_exact_cut_without_logits_serves_only_as_an_ancestor(db_session):
+    """Invariant 3, in the query itself: a full-depth cut without witnessed logits is not
+    offered for that prompt (the aligned ancestor below it is, in the same one query),
+    yet it still serves as the ancestor of a longer prompt."""
     h = tokens(7, 600)
     add_cut(db_session, ident=ALICE, history=h, depth=256)
     add_cut(db_session, ident=ALICE, history=h, depth=512, logits=False)
-    assert deepest(db_session, ALICE, h[:512]).depth == 512
-    assert deepest(db_session, ALICE, h[:512], max_depth=511).depth == 256
-    assert deepest(db_session, ALICE, h[:512], max_depth=100) is None
+    assert deepest(db_session, ALICE, h[:512]).depth == 256
+    assert deepest(db_session, ALICE, h[:600]).depth == 512
+
+
+def test_depth_bounds_cap_the_answer(db_session):
+    """Branch: at_most excludes deeper links, deeper_than shallower ones (both ends open
+    as documented: depth in (deeper_than, at_most])."""
+    h = tokens(11, 600)
+    for depth in (256, 512):
+        add_cut(db_session, ident=ALICE, history=h, depth=depth)
+    assert deepest(db_session, ALICE, h).depth == 512
+    assert deepest(db_session, ALICE, h, at_most=511).depth == 256
+    assert deepest(db_session, ALICE, h, at_most=100) is None
+    assert deepest(db_session, ALICE, h, deeper_than=256).depth == 512
+    assert deepest(db_session, ALICE, h, deeper_than=512) is None
 
 
 def test_empty_prompt_finds_nothing(db_session):
@@ -94,15 +109,15 @@ def test_empty_prompt_finds_nothing(db_session):
     assert deepest(db_session, ALICE, []) is None
 
 
-def test_record_hit_sets_last_hit_at(db_session):
-    """record_hit stamps the row; an unknown id reports False."""
+def test_touch_cut_sets_last_hit_at(db_session):
+    """touch_cut stamps the row; an unknown id reports False."""
     h = tokens(8, 300)
     mid = add_cut(db_session, ident=ALICE, history=h, depth=256)
     at = datetime(2030, 5, 6, 7, 8, 9, tzinfo=UTC)
-    assert queries.record_hit(session=db_session, manifest_id=mid, at=at)
+    assert queries.touch_cut(session=db_session, manifest_id=mid, at=at)
     db_session.expire_all()
-    assert db_session.get(ManifestRow, mid).last_hit_at == at
-    assert not queries.record_hit(session=db_session, manifest_id="0" * 32)
+    assert db_session.get(ManifestRow, mid.hex).last_hit_at == at
+    assert not queries.touch_cut(session=db_session, manifest_id=ManifestId(bytes(16)))
 
 
 def test_least_recently_hit_orders_never_hit_by_creation(db_session):
@@ -112,7 +127,7 @@ def test_least_recently_hit_orders_never_hit_by_creation(db_session):
     m1 = add_cut(db_session, ident=ALICE, history=h, depth=256, at=t0)
     m2 = add_cut(db_session, ident=ALICE, history=h, depth=512, at=t0 + timedelta(seconds=1))
     m3 = add_cut(db_session, ident=ALICE, history=h, depth=768, at=t0 + timedelta(seconds=2))
-    queries.record_hit(session=db_session, manifest_id=m1, at=t0 + timedelta(seconds=5))
+    queries.touch_cut(session=db_session, manifest_id=m1, at=t0 + timedelta(seconds=5))
     order = [mid for mid, _ in queries.least_recently_hit(session=db_session, limit=10)]
     assert order.index(m2) < order.index(m3) < order.index(m1)
 

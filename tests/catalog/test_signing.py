@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from catalog.ids import ChainDigest, IdentityDigest, ManifestId
 from catalog.signing import (
     EXPORT_DOMAIN,
     MANIFEST_DOMAIN,
@@ -78,16 +79,16 @@ def test_a_tampered_or_broken_endorsement_chain_is_refused():
 
 def statement(**over) -> Statement:
     fields = dict(
-        identity=b"\1" * 32,
+        identity=IdentityDigest(b"\1" * 32),
         depth=150,
         alignment=64,
-        chain=b"\2" * 32,
+        chain=ChainDigest(b"\2" * 32),
         logits_witnessed=True,
         layout={"format": 1, "blocks": []},
-        planes=claims_for([("k0", b"abc"), ("logits", b"")]),
+        parts=claims_for([("k0", b"abc"), ("logits", b"")]),
         producer="vault-a",
         generation=2**63 - 1,
-        manifest="ab" * 16,
+        manifest=ManifestId.from_hex("ab" * 16),
     )
     return Statement(**{**fields, **over})
 
@@ -96,7 +97,7 @@ def test_statement_round_trips_and_refuses_anything_non_canonical():
     s = statement()
     body = encode(s)
     assert decode(body) == s
-    assert s.size == 3 and s.planes[0].matches(b"abc") and not s.planes[0].matches(b"abd")
+    assert s.size == 3 and s.parts[0].matches(b"abc") and not s.parts[0].matches(b"abd")
     doc = json.loads(body)
     cases = {
         "extra field": {**doc, "extra": 1},

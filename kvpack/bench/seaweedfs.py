@@ -220,7 +220,9 @@ def _wait_ready(server: SeaweedServer, timeout_s: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kvpack.bench.seaweedfs", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m kvpack.bench.seaweedfs", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--dir", type=Path, default=Path(".data/seaweedfs"), help="data directory")
     p.add_argument("--port", type=int, default=8333, help="S3 port on 127.0.0.1")
     p.add_argument("--access-key", default="kvpack")

@@ -19,7 +19,7 @@ import sys
 from sqlalchemy.orm import Session
 
 from catalog.access import ROLES, check_key, create_key, list_keys, parse_token, revoke_key
-from kvpack.commands.serve import add_storage_arguments, settings_from_args
+from kvpack.commands.common import add_storage_arguments, settings_from_args
 from kvpack.config import ConfigError
 
 
@@ -39,14 +39,14 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvpack.durable import upgrade_catalog  # alembic: only when a command runs
+    from migrations import migrate  # alembic: only when a command runs
 
     try:
         settings = settings_from_args(args)
     except (ConfigError, ValueError) as e:
         print(f"kvpack api-keys: {e}", file=sys.stderr)
         return 2
-    upgrade_catalog(settings.database_url)
+    migrate(settings.database_url)
     db = settings.make_engine()
     try:
         with Session(db) as session, session.begin():

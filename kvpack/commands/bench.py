@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from kvpack.commands.serve import add_storage_arguments, storage_argv
+from kvpack.commands.common import add_storage_arguments, storage_argv
 
 
 def depths(text: str) -> tuple[int, ...]:
@@ -49,7 +49,7 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from engine.models import ModelLoadError, load_model
-    from kvpack.bench import BenchError, Plan, passed, run_bench
+    from kvpack.bench.serve import BenchError, Plan, passed, run_bench
 
     try:
         tokenizer = load_model(args.model).tokenizer  # prompts are cut from its encoding

@@ -24,8 +24,8 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from cas.s3 import S3Config
-    from kvpack.bench_store import BenchOptions, format_table
-    from kvpack.bench_store import run as bench
+    from kvpack.bench.store import BenchOptions, format_table
+    from kvpack.bench.store import run as bench
 
     backends = tuple(b.strip() for b in args.backends.split(",") if b.strip())
     unknown = set(backends) - {"local", "s3"}

@@ -11,6 +11,7 @@ import argparse
 import tempfile
 
 from kvpack.commands import bench
+from kvpack.commands.common import STORAGE_FLAGS, field_of
 
 
 def register(sub) -> None:
@@ -21,22 +22,6 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="kvpack-demo-") as data_dir:
-        full = argparse.Namespace(
-            **vars(args),
-            **{
-                name: None
-                for name in (
-                    "config",
-                    "store_url",
-                    "database_url",
-                    "namespace",
-                    "alignment",
-                    "s3_endpoint",
-                    "s3_region",
-                    "s3_access_key",
-                    "s3_secret_key",
-                )
-            },  # fmt: skip
-            data_dir=data_dir,
-        )
+        unset = {field_of(flag): None for flag, _, _ in STORAGE_FLAGS}
+        full = argparse.Namespace(**vars(args), **unset | {"config": None, "data_dir": data_dir})
         return bench.run(full)

@@ -26,8 +26,8 @@ from sqlalchemy.orm import Session
 
 from catalog import trust
 from catalog.signing import Bundle, BundleInvalid, ProducerKeys
-from kvpack.commands import vault
-from kvpack.commands.vault import UsageError
+from kvpack.commands import common
+from kvpack.commands.common import UsageError
 from kvpack.config import producer_id
 
 RAW = argparse.RawDescriptionHelpFormatter
@@ -42,7 +42,7 @@ def register(sub) -> None:
     p = sub.add_parser("keys", help="this vault's producer keys and the keys it trusts",
                        description=__doc__, formatter_class=RAW)  # fmt: skip
     actions = p.add_subparsers(dest="action", required=True)
-    storage = vault.storage_parser()
+    storage = common.storage_parser()
 
     def add(name: str, help: str) -> argparse.ArgumentParser:
         return actions.add_parser(name, parents=[storage], help=help, description=help)
@@ -60,11 +60,11 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return vault.run_action("kvpack keys", ACTIONS, args)
+    return common.run_action("kvpack keys", ACTIONS, args)
 
 
 def _generate(args: argparse.Namespace) -> int:
-    settings = vault.settings(args)
+    settings = common.settings(args)
     path = settings.producer_key_path
     if path.exists():
         raise UsageError(f"{path} exists already (`kvpack keys rotate` adds a key to it)")
@@ -78,7 +78,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _rotate(args: argparse.Namespace) -> int:
-    path = vault.settings(args).producer_key_path
+    path = common.settings(args).producer_key_path
     old = _load(path)
     new = old.rotate()
     new.save(path)
@@ -91,13 +91,13 @@ def _rotate(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    print(_load(vault.settings(args).producer_key_path).bundle().to_json())
+    print(_load(common.settings(args).producer_key_path).bundle().to_json())
     return 0
 
 
 def _trust(args: argparse.Namespace) -> int:
     bundle = _read_bundle(args.bundle)
-    with vault.catalog(vault.settings(args)) as db, Session(db) as s, s.begin():
+    with common.catalog(common.settings(args)) as db, Session(db) as s, s.begin():
         known = trust.known_key_ids(session=s, producer=bundle.producer)
         try:
             added = trust.trust_bundle(session=s, bundle=bundle, now=datetime.now(UTC))
@@ -115,7 +115,7 @@ def _trust(args: argparse.Namespace) -> int:
 
 
 def _untrust(args: argparse.Namespace) -> int:
-    with vault.catalog(vault.settings(args)) as db, Session(db) as s, s.begin():
+    with common.catalog(common.settings(args)) as db, Session(db) as s, s.begin():
         revoked = trust.revoke_keys(session=s, producer=args.producer, key_id=args.key,
                                     now=datetime.now(UTC))  # fmt: skip
     if not revoked:
@@ -126,7 +126,7 @@ def _untrust(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    with vault.catalog(vault.settings(args)) as db, Session(db) as s:
+    with common.catalog(common.settings(args)) as db, Session(db) as s:
         rows = trust.all_trusted(session=s)
     print(f"{'producer':<24}  {'key id':<16}  {'endorsed by':<16}  {'added':<19}  revoked")
     for r in rows:

@@ -24,9 +24,9 @@ from sqlalchemy.orm import Session
 
 from catalog.access import parse_token
 from catalog.signing import Bundle, BundleInvalid
-from kvpack.commands import vault
-from kvpack.commands.vault import UsageError
-from kvpack.peers import Peer, load_peers, save_peers
+from kvpack.commands import common
+from kvpack.commands.common import UsageError
+from kvpack.remote.peers import Peer, load_peers, save_peers
 
 RAW = argparse.RawDescriptionHelpFormatter
 CHECK_TIMEOUT_S = 5.0
@@ -34,13 +34,13 @@ MAX_BUNDLE_BYTES = 1 << 20
 
 
 def register(sub) -> None:
-    p = sub.add_parser("peers", parents=[vault.storage_parser()],
+    p = sub.add_parser("peers", parents=[common.storage_parser()],
                        help="list, add or remove the peers this vault imports from",
                        description=__doc__, formatter_class=RAW)  # fmt: skip
     p.set_defaults(func=run, check=False)
     actions = p.add_subparsers(dest="action")
     # Suppressed defaults: flags given before the action are not reset by the action's.
-    storage = vault.storage_parser(suppress=True)
+    storage = common.storage_parser(suppress=True)
     ls = actions.add_parser("list", parents=[storage], help="the peers (never their keys)")
     check = f"call each peer's /v1/peer/keys ({CHECK_TIMEOUT_S:g} s timeout)"
     ls.add_argument("--check", action="store_true", help=check)
@@ -57,7 +57,7 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     args.action = args.action or "list"  # `kvpack peers` alone lists
-    return vault.run_action("kvpack peers", ACTIONS, args)
+    return common.run_action("kvpack peers", ACTIONS, args)
 
 
 def _load(path: Path) -> list[Peer]:
@@ -70,7 +70,7 @@ def _load(path: Path) -> list[Peer]:
 
 
 def _list(args: argparse.Namespace) -> int:
-    settings = vault.settings(args)
+    settings = common.settings(args)
     peers = _load(settings.peers_path)
     if not peers:
         print(f"no peers (in {settings.peers_path}); add one with `kvpack peers add`")
@@ -80,7 +80,7 @@ def _list(args: argparse.Namespace) -> int:
         for peer in peers:
             print(f"{peer.name:<{width}}  {peer.url}")
         return 0
-    with vault.catalog(settings) as db:
+    with common.catalog(settings) as db:
         for peer in peers:
             print(f"{peer.name:<{width}}  {peer.url}  {_check(peer, db)}", flush=True)
     return 0
@@ -125,7 +125,7 @@ def _check(peer: Peer, db) -> str:
 
 
 def _add(args: argparse.Namespace) -> int:
-    settings = vault.settings(args)
+    settings = common.settings(args)
     peers = _load(settings.peers_path)
     if any(p.name == args.name for p in peers):
         raise UsageError(f"a peer named {args.name!r} exists already (`kvpack peers remove`)")
@@ -157,7 +157,7 @@ def _api_key(args: argparse.Namespace) -> str:
 
 
 def _remove(args: argparse.Namespace) -> int:
-    settings = vault.settings(args)
+    settings = common.settings(args)
     peers = _load(settings.peers_path)
     kept = [p for p in peers if p.name != args.name]
     if len(kept) == len(peers):

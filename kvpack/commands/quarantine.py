@@ -16,10 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from catalog.trust import STATES
-from kvpack.commands import vault
-from kvpack.commands.vault import UsageError
+from kvpack.commands import common
+from kvpack.commands.common import UsageError
+
+if TYPE_CHECKING:
+    from kvpack.remote.quarantine import Quarantine
 
 RAW = argparse.RawDescriptionHelpFormatter
 REASON_WIDTH = 60
@@ -30,7 +36,7 @@ def register(sub) -> None:
     p = sub.add_parser("quarantine", help="list, show or drop quarantined peer imports",
                        description=__doc__, formatter_class=RAW)  # fmt: skip
     actions = p.add_subparsers(dest="action", required=True)
-    storage = vault.storage_parser()
+    storage = common.storage_parser()
     ls = actions.add_parser("list", parents=[storage], help="imports, newest first")
     ls.add_argument("--state", choices=STATES)
     ls.add_argument("--limit", type=_positive, default=100, metavar="N",
@@ -47,7 +53,15 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return vault.run_action("kvpack quarantine", ACTIONS, args)
+    return common.run_action("kvpack quarantine", ACTIONS, args)
+
+
+@contextmanager
+def _quarantine(args: argparse.Namespace) -> Iterator[Quarantine]:
+    from kvpack.remote.quarantine import Quarantine
+
+    with common.vault(common.settings(args)) as vault:
+        yield Quarantine(vault)
 
 
 def _positive(text: str) -> int:
@@ -61,7 +75,7 @@ def _positive(text: str) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    with vault.quarantine(args, vault.settings(args)) as q:
+    with _quarantine(args) as q:
         records = q.list(state=args.state, limit=args.limit)
     if args.json:
         for r in records:
@@ -77,10 +91,10 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from kvpack.quarantine import NAMES
+    from kvpack.remote.quarantine import NAMES
 
-    with vault.quarantine(args, vault.settings(args)) as q:
-        record = q.show(args.import_id)
+    with _quarantine(args) as q:
+        record = q.show(_checked(args.import_id))
         if record is None:
             raise UsageError(f"no import {args.import_id!r}")
         doc = record.to_json()
@@ -90,10 +104,10 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _drop(args: argparse.Namespace) -> int:
-    with vault.quarantine(args, vault.settings(args)) as q:
+    with _quarantine(args) as q:
         if args.all_refused:
             ids = [r.import_id for r in q.list(state="refused", limit=ALL)]
-        elif q.show(args.import_id) is None:  # checked first: drop deletes bytes first
+        elif q.show(_checked(args.import_id)) is None:
             raise UsageError(f"no import {args.import_id!r}")
         else:
             ids = [args.import_id]
@@ -105,16 +119,25 @@ def _drop(args: argparse.Namespace) -> int:
     return 0
 
 
-def _size(q, import_id: str, name: str) -> int | str:
+def _checked(import_id: str) -> str:
+    from kvpack.remote.quarantine import BadImportId, check_import_id
+
+    try:
+        return check_import_id(import_id)
+    except BadImportId as e:
+        raise UsageError(str(e)) from None
+
+
+def _size(q: Quarantine, import_id: str, name: str) -> int | str:
     """The opened size of a quarantined object, "gone", or why it cannot be opened."""
-    from cas.errors import ObjectMissing, UnknownKey
+    from cas.errors import ObjectCorrupt, ObjectMissing, UnknownKey
 
     try:
         return len(q.get(import_id, name))
     except ObjectMissing:
         return "gone"
-    except (ValueError, UnknownKey, IndexError) as e:  # fails its seal, or not sealed by us
-        return f"unreadable: {e or type(e).__name__}"
+    except (ObjectCorrupt, UnknownKey) as e:  # fails its seal, or not sealed by us
+        return f"unreadable: {e}"
 
 
 def _num(n: int | None) -> str:

@@ -2,10 +2,9 @@
 
 With no flags it runs the embedded default (SQLite and a local directory under the
 data dir, the demo model). Storage comes from flags, else KVPACK_* environment
-variables, else the TOML file named by --config / KVPACK_CONFIG (see kvpack/config.py);
-S3 endpoint and credentials from flags, else AWS_ENDPOINT_URL / AWS_ACCESS_KEY_ID /
-AWS_SECRET_ACCESS_KEY. When it listens it prints one line starting with READY, which
-`kvpack bench` waits for.
+variables (AWS_* for S3), else the TOML file named by --config / KVPACK_CONFIG (see
+kvpack/config.py). When it listens it prints one line starting with
+kvpack.server.app.READY, which `kvpack bench` waits for.
 
 Every request but /healthz needs an API key (`kvpack api-keys create`), checked against
 the catalog on each request. --no-auth serves anyone, in the default namespace, and is
@@ -17,74 +16,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import ipaddress
 import signal
-from urllib.parse import urlsplit
 
-from sqlalchemy.engine import make_url
-
-from cas.s3 import S3Config
+from kvpack.commands.common import add_storage_arguments, settings_from_args
 from kvpack.config import ConfigError, Settings
-
-READY = "kvpack serve: ready at "
-STORAGE_FLAGS = {  # flag -> Settings field
-    "--data-dir": "data_dir",
-    "--store-url": "store_url",
-    "--database-url": "database_url",
-    "--namespace": "namespace",
-    "--alignment": "alignment",
-}
-S3_FLAGS = {  # flag -> S3Config field
-    "--s3-endpoint": "endpoint_url",
-    "--s3-region": "region",
-    "--s3-access-key": "access_key",
-    "--s3-secret-key": "secret_key",
-}
-
-
-def add_storage_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags that say where the vault lives (shared with `kvpack bench`)."""
-    p.add_argument("--config", help="TOML settings file (default: $KVPACK_CONFIG)")
-    p.add_argument("--data-dir", help="data dir (default ~/.kvpack, or $KVPACK_DATA_DIR)")
-    p.add_argument("--store-url", help="object store: file:///dir or s3://bucket/prefix")
-    p.add_argument("--database-url", help="catalog SQLAlchemy URL (sqlite:/// or postgresql://)")
-    p.add_argument("--namespace", help="tenant namespace (identity salt)")
-    p.add_argument("--alignment", type=int, help="token alignment A (default 256)")
-    p.add_argument("--s3-endpoint", help="S3 endpoint URL (MinIO, SeaweedFS, ...)")
-    p.add_argument("--s3-region", help="S3 region (default us-east-1)")
-    p.add_argument("--s3-access-key", help="S3 access key id")
-    p.add_argument("--s3-secret-key", help="S3 secret key")
-
-
-def storage_argv(args: argparse.Namespace, **replace: str) -> list[str]:
-    """The storage flags of `args` again, as a child process's argv (with `replace`)."""
-    out = []
-    for flag in ("--config", *STORAGE_FLAGS, *S3_FLAGS):
-        name = flag[2:].replace("-", "_")
-        value = replace.get(name, getattr(args, name, None))
-        if value is not None:
-            out += [flag, str(value)]
-    return out
-
-
-def settings_from_args(args: argparse.Namespace) -> Settings:
-    overrides = {field: getattr(args, field) for field in STORAGE_FLAGS.values()}
-    return Settings.load(config_file=args.config, **overrides)
-
-
-def s3_from_args(args: argparse.Namespace, store_url: str) -> S3Config | None:
-    """An S3Config for an s3:// store (flags over the environment); None otherwise."""
-    parts = urlsplit(store_url)
-    if parts.scheme != "s3" or not parts.netloc:
-        return None
-    config = S3Config.from_env(parts.netloc, parts.path.lstrip("/"))
-    given = {field: getattr(args, flag[2:].replace("-", "_")) for flag, field in S3_FLAGS.items()}
-    return dataclasses.replace(config, **{k: v for k, v in given.items() if v is not None})
-
-
-def redacted(database_url: str) -> str:
-    return make_url(database_url).render_as_string(hide_password=True)
 
 
 def register(sub) -> None:
@@ -114,7 +50,7 @@ def is_loopback(host: str) -> bool:
 def run(args: argparse.Namespace) -> int:
     from engine.errors import InvalidRequest
     from engine.models import ModelLoadError
-    from kvpack.service import Service
+    from kvpack.service.service import Service
 
     if args.no_auth and not is_loopback(args.host):
         print(f"kvpack serve: --no-auth serves anyone who can connect, so it needs a loopback "
@@ -122,7 +58,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         settings = settings_from_args(args)
-        s3 = s3_from_args(args, settings.store_url)
     except (ConfigError, ValueError) as e:
         print(f"kvpack serve: {e}")
         return 2
@@ -131,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         options["resident_budget_bytes"] = args.resident_budget_mib * 1024 * 1024
     print(f"kvpack serve: loading {args.model} ...", flush=True)
     try:
-        service = Service.open(settings, model=args.model, num_slots=args.slots, s3=s3, **options)
+        service = Service.open(settings, model=args.model, num_slots=args.slots, **options)
     except (ModelLoadError, InvalidRequest) as e:
         print(f"kvpack serve: {e}")
         return 2
@@ -143,12 +78,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(service, settings: Settings, args: argparse.Namespace) -> None:
-    from kvpack.auth import any_active_key, catalog_authenticator
-    from kvpack.server import make_app, start
+    from catalog.db import redacted
+    from kvpack.server.app import READY, make_app, start
+    from kvpack.server.auth import any_active_key, catalog_authenticator
 
     app = make_app(
         service,
-        authenticate=None if args.no_auth else catalog_authenticator(service.durable.db),
+        authenticate=None if args.no_auth else catalog_authenticator(service.vault.db),
         producer_key_path=settings.producer_key_path,
         namespace=settings.namespace,
         context_length=args.context_length,
@@ -165,15 +101,15 @@ async def _serve(service, settings: Settings, args: argparse.Namespace) -> None:
           f"identity {loaded.identity.hex[:16]}, namespace {settings.namespace}")  # fmt: skip
     print(f"kvpack serve: data dir {settings.data_dir}")
     print(f"kvpack serve: store {settings.store_url}, catalog {redacted(settings.database_url)}")
-    keys = service.durable.producer_keys
-    peers = ", ".join(p.name for p in getattr(service.ladder.remote, "peers", ())) or "none"
+    keys = service.vault.producer_keys
+    peers = ", ".join(p.name for p in (service.remote.peers if service.remote else ())) or "none"
     print(f"kvpack serve: producer {keys.producer} (key {keys.current_id}), peers: {peers}")
     if args.no_auth:
         print(f"kvpack serve: no API keys (--no-auth): whoever reaches {args.host} may call, "
               f"in namespace {settings.namespace}")  # fmt: skip
     else:
         print("kvpack serve: API keys required (Authorization: Bearer <key>)")
-        if not await asyncio.to_thread(any_active_key, service.durable.db):
+        if not await asyncio.to_thread(any_active_key, service.vault.db):
             print("kvpack serve: warning: no API key exists, so every request but /healthz "
                   "is refused; create one with `kvpack api-keys create --role tenant "
                   "--namespace NAME`")  # fmt: skip

@@ -1,5 +1,6 @@
-"""Fixtures for the service tests: settings on a fresh embedded vault (A = 64) and a
-service factory that closes what it opened."""
+"""Fixtures for the kvpack tests: settings on a fresh embedded vault (A = 64), a service
+factory that closes what it opened, and settings shared by two service instances on the
+embedded default or on S3 + PostgreSQL."""
 
 from __future__ import annotations
 
@@ -7,9 +8,21 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from cas.s3 import S3Config
 from kvpack.config import Settings
-from kvpack.service import Service
+from kvpack.service.service import Service
 from tests.engine.slotkit import TINY_A
+
+
+def s3_settings(s3: S3Config) -> dict[str, str | None]:
+    """The Settings overrides that reach the S3 server (and prefix) of `s3`."""
+    return {
+        "store_url": f"s3://{s3.bucket}/{s3.prefix}",
+        "s3_endpoint": s3.endpoint_url,
+        "s3_region": s3.region,
+        "s3_access_key": s3.access_key,
+        "s3_secret_key": s3.secret_key,
+    }
 
 
 @pytest.fixture
@@ -29,3 +42,21 @@ def open_service() -> Iterator[Callable[..., Service]]:
     yield make
     for svc in opened:
         svc.close()
+
+
+@pytest.fixture(params=["embedded", pytest.param("s3+postgres", marks=[pytest.mark.s3])])
+def shared_settings(request, tmp_path) -> Settings:
+    """Settings two service instances share: the embedded default, or S3 + PostgreSQL."""
+    if request.param == "embedded":
+        return Settings.load(data_dir=tmp_path / "vault", alignment=TINY_A, env={})
+    from tests.fixtures.db import DatabaseFactory
+
+    factory = DatabaseFactory("postgres", tmp_path)
+    request.addfinalizer(factory.drop_all)
+    return Settings.load(
+        data_dir=tmp_path / "vault",
+        alignment=TINY_A,
+        database_url=factory.create(),  # empty: the service migrates it on open
+        env={},
+        **s3_settings(request.getfixturevalue("s3_config")),
+    )

@@ -3,7 +3,7 @@
     KVPACK_TEST_PUBLISH_PAUSE='{"depth": 330, "at": "manifest_stored", "announce": "<file>"}' \
         python -m tests.kvpack.serve_child serve <kvpack serve flags>
 
-The real CLI and Service; the one difference is the durable tier's publish: when it
+The real CLI and Service; the one difference is the vault's publish: when it
 publishes the cut of exactly `depth` tokens and reaches the catalog.publish checkpoint
 `at`, it writes `announce` and waits forever (until the parent SIGKILLs the process).
 Every other publish runs unchanged. The hook lives here, not in the product.
@@ -18,13 +18,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvpack import cli, durable
+from kvpack import cli, vault
 
 PAUSE_ENV = "KVPACK_TEST_PUBLISH_PAUSE"
 
 
 def install(spec: dict[str, Any]) -> None:
-    real = durable.publish
+    real = vault.publish
 
     async def publish(**kwargs: Any):
         async def point(name: str) -> None:
@@ -34,7 +34,7 @@ def install(spec: dict[str, Any]) -> None:
 
         return await real(**kwargs, checkpoint=point)
 
-    durable.publish = publish  # DurableTier.publish calls the module-level name
+    vault.publish = publish  # Vault.publish calls the module-level name
 
 
 if __name__ == "__main__":

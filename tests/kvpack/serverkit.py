@@ -16,10 +16,10 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from kvpack.auth import Authenticator
 from kvpack.config import Settings
-from kvpack.server import make_app, start
-from kvpack.service import CompletionRequest, CompletionResult, Service
+from kvpack.server.app import make_app, start
+from kvpack.server.auth import Authenticator
+from kvpack.service.service import Completion, CompletionRequest, Service
 
 TINY_A = 64
 
@@ -75,11 +75,14 @@ def call(url: str, method: str, path: str, *, token=None, body=None, authorizati
 
 
 class SlowService:
-    """Fault injection around the real Service: each generated token arrives `delay_s`
-    late (the engine keeps computing the real thing)."""
+    """Fault injection around the real Service: each piece of generated text arrives
+    `delay_s` late (the engine keeps computing the real thing). `generating` is set once
+    the first text is out; `completions` holds what each call returned."""
 
     def __init__(self, inner: Service, delay_s: float) -> None:
         self.inner, self.delay_s = inner, delay_s
+        self.generating = threading.Event()
+        self.completions: list[Completion] = []
 
     def __getattr__(self, name: str) -> Any:  # the rest of the Service, unchanged
         return getattr(self.inner, name)
@@ -88,12 +91,15 @@ class SlowService:
         self,
         req: CompletionRequest,
         *,
-        on_token: Callable[[int], None] | None = None,
+        on_text: Callable[[str], None] | None = None,
         cancel: threading.Event | None = None,
-    ) -> CompletionResult:
-        def slow(token: int) -> None:
+    ) -> Completion:
+        def slow(text: str) -> None:
+            self.generating.set()
             time.sleep(self.delay_s)
-            if on_token is not None:
-                on_token(token)
+            if on_text is not None:
+                on_text(text)
 
-        return self.inner.complete(req, on_token=slow, cancel=cancel)
+        completion = self.inner.complete(req, on_text=slow, cancel=cancel)
+        self.completions.append(completion)
+        return completion

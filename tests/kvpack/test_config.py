@@ -1,14 +1,15 @@
-"""Settings: defaults < TOML file < environment < overrides; engines with sane settings."""
+"""Settings: defaults < TOML file < environment < overrides, one row per setting."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
-from sqlalchemy.exc import OperationalError
 
-from kvpack.config import ConfigError, Settings, make_engine, normalize_database_url
+from catalog.db import normalize_database_url
+from kvpack.config import ConfigError, Settings
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "infra" / "kvpack.example.toml"
 
 
 def test_defaults_put_everything_under_the_data_dir(tmp_path):
@@ -16,7 +17,8 @@ def test_defaults_put_everything_under_the_data_dir(tmp_path):
     s = Settings.load(env={"KVPACK_DATA_DIR": str(tmp_path)})
     assert s.data_dir == tmp_path
     assert s.database_url == f"sqlite:///{tmp_path}/catalog.sqlite3"
-    assert s.store_url == (tmp_path / "objects").as_uri()
+    assert str(s.store_url) == (tmp_path / "objects").as_uri()
+    assert s.store_url.path == tmp_path / "objects" and s.s3_config() is None
     assert s.keyring_path == tmp_path / "keyring.json"
     assert (s.alignment, s.namespace) == (256, "default")
 
@@ -33,7 +35,7 @@ def test_precedence_file_then_env_then_overrides(tmp_path):
     cfg.write_text('namespace = "from-file"\nalignment = 64\nstore_url = "s3://b/p"\n')
     env = {"KVPACK_CONFIG": str(cfg), "KVPACK_NAMESPACE": "from-env", "KVPACK_DATA_DIR": "/d"}
     s = Settings.load(env=env)
-    assert (s.namespace, s.alignment, s.store_url) == ("from-env", 64, "s3://b/p")
+    assert (s.namespace, s.alignment, str(s.store_url)) == ("from-env", 64, "s3://b/p")
     s = Settings.load(env=env, namespace="from-override", alignment=None)
     assert (s.namespace, s.alignment) == ("from-override", 64)  # None means "not given"
 
@@ -52,13 +54,18 @@ def test_postgres_urls_are_pinned_to_psycopg3():
         ({"KVPACK_ALIGNMENT": "abc"}, "alignment"),
         ({"KVPACK_ALIGNMENT": "0"}, "alignment"),
         ({"KVPACK_DATABASE_URL": "not a url"}, "database_url"),
+        ({"KVPACK_STORE_URL": "gs://bucket/p"}, "store_url"),
+        ({"KVPACK_STORE_URL": "s3:///no-bucket"}, "store_url"),
+        ({"KVPACK_PEER_TIMEOUT": "inf"}, "peer_timeout_s"),
+        ({"KVPACK_S3_ACCESS_KEY": "ak"}, "s3_secret_key"),
     ],
 )
 def test_bad_values_name_the_setting_and_its_source(env, name):
     """Bad input -> ConfigError naming the setting and where it came from."""
     with pytest.raises(ConfigError) as e:
         Settings.load(env=env)
-    assert e.value.name == name and e.value.source.startswith("$KVPACK_")
+    assert e.value.name == name
+    assert e.value.source.startswith("$KVPACK_") or e.value.source == "settings"
 
 
 def test_unknown_keys_and_missing_files_are_refused(tmp_path):
@@ -81,23 +88,74 @@ def test_keyring_is_created_once_with_private_mode(tmp_path):
     assert s.keyring() == ring
 
 
-def test_sqlite_engine_settings(tmp_path):
-    """SQLite engines: WAL, busy timeout, foreign keys on, write lock taken at BEGIN."""
-    engine = make_engine(f"sqlite:///{tmp_path}/sub/dir/c.sqlite3")  # parent dirs created
-    try:
-        with engine.begin() as conn:
-            assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
-            assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 1
-            assert conn.execute(text("PRAGMA busy_timeout")).scalar() >= 1000
-            conn.execute(text("CREATE TABLE t (x INTEGER)"))
-        # A second connection cannot write while the first holds a transaction open:
-        # BEGIN IMMEDIATE took the write lock up front.
-        other = make_engine(f"sqlite:///{tmp_path}/sub/dir/c.sqlite3")
-        with other.connect() as c2:
-            c2.exec_driver_sql("PRAGMA busy_timeout=50")
-            c2.rollback()
-            with engine.begin(), pytest.raises(OperationalError, match="locked"):
-                c2.begin()
-        other.dispose()
-    finally:
-        engine.dispose()
+def test_s3_settings_come_from_kvpack_names_then_aws_names(tmp_path):
+    """The store URL is parsed once; the S3 client settings are settings like the rest:
+    KVPACK_S3_* beats the standard AWS_* names, and a flag (override) beats both."""
+    env = {
+        "KVPACK_STORE_URL": "s3://vault/kv/prefix",
+        "AWS_ENDPOINT_URL": "http://aws-name:9000",
+        "KVPACK_S3_ENDPOINT": "http://kvpack-name:9000",
+        "AWS_ACCESS_KEY_ID": "ak",
+        "AWS_SECRET_ACCESS_KEY": "sk",
+        "AWS_REGION": "eu-west-1",
+    }
+    s = Settings.load(env=env)
+    c = s.s3_config()
+    assert (c.bucket, c.key_prefix, c.endpoint_url) == (
+        "vault",
+        "kv/prefix/",
+        "http://kvpack-name:9000",
+    )
+    assert (c.access_key, c.secret_key, c.region) == ("ak", "sk", "eu-west-1")
+    assert "sk" not in repr(s)  # a secret never prints
+    flagged = Settings.load(env=env, s3_endpoint="http://flag:1")
+    assert flagged.s3_config().endpoint_url == "http://flag:1"
+
+
+SAMPLES = {  # a raw value for each setting, and what it loads as
+    "data_dir": ("/srv/vault", Path("/srv/vault")),
+    "database_url": ("postgresql://u@h/db", "postgresql+psycopg://u@h/db"),
+    "store_url": ("s3://b/p", "s3://b/p"),
+    "namespace": ("acme", "acme"),
+    "alignment": ("128", 128),
+    "keyring_path": ("/k/ring.json", Path("/k/ring.json")),
+    "producer_key_path": ("/k/producer.json", Path("/k/producer.json")),
+    "peers_path": ("/k/peers.json", Path("/k/peers.json")),
+    "peer_timeout_s": ("2.5", 2.5),
+    "s3_endpoint": ("http://minio:9000", "http://minio:9000"),
+    "s3_region": ("eu-west-1", "eu-west-1"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_each_setting_reads_each_of_its_environment_variables(name):
+    """environment_variables() is the one list of what the settings read (deployment
+    files are checked against it): every variable it names for a setting sets it."""
+    raw, expected = SAMPLES[name]
+    for variable in Settings.environment_variables()[name]:
+        got = getattr(Settings.load(env={variable: raw}), name)
+        assert (str(got) if name == "store_url" else got) == expected, variable
+
+
+def test_the_s3_keys_are_read_from_both_names_and_only_in_pairs():
+    both = Settings.environment_variables()
+    assert both["s3_access_key"] == ("KVPACK_S3_ACCESS_KEY", "AWS_ACCESS_KEY_ID")
+    assert both["s3_secret_key"] == ("KVPACK_S3_SECRET_KEY", "AWS_SECRET_ACCESS_KEY")
+    s = Settings.load(env={"KVPACK_S3_ACCESS_KEY": "a", "AWS_SECRET_ACCESS_KEY": "s"})
+    assert (s.s3_access_key, s.s3_secret_key) == ("a", "s")
+    assert set(SAMPLES) | {"s3_access_key", "s3_secret_key"} == set(Settings.__dataclass_fields__)
+
+
+def test_the_example_toml_loads_and_names_every_setting(tmp_path):
+    """infra/kvpack.example.toml documents every setting (commented out) and, with the
+    comments taken away, is a valid settings file."""
+    text = EXAMPLE.read_text()
+    for name in Settings.__dataclass_fields__:
+        assert f"# {name} =" in text, name
+    uncommented = tmp_path / "kvpack.toml"
+    uncommented.write_text(
+        "\n".join(line[2:] if line.startswith("# ") and " = " in line else line
+                  for line in text.splitlines())
+    )  # fmt: skip
+    s = Settings.load(config_file=uncommented, env={})
+    assert s.store_url.is_s3 and s.s3_config().bucket

@@ -1,0 +1,119 @@
+"""Who is asking: bearer API keys on every request (an aiohttp middleware).
+
+Words (keys, roles, principals: catalog/access.py):
+- authenticator: a blocking callable token -> Principal | None. `catalog_authenticator`
+  asks the catalog on every request (off the event loop), so a revocation holds from the
+  next request on; an unreachable catalog refuses (503), it never lets a caller through.
+- route class: which roles a path admits. /healthz is open; /v1/admin/..., /metrics and
+  /v1/economics are admin only (they show every tenant); /v1/peer/... is for peer and
+  admin keys; everything else (completions, models) for any valid key.
+- completion namespace: where a principal's completions live: a key's own namespace, or
+  the front's default namespace for a "*" (peer or admin) key.
+- anonymous: no authenticator at all (in-process tests, `kvpack serve --no-auth` on a
+  loopback address): every request is ANONYMOUS, an admin of every namespace.
+
+Refusals are ApiErrors, so the app's openai_errors middleware (kvpack/server/app.py,
+outside this one) renders them as OpenAI error bodies: 401 (code invalid_api_key,
+WWW-Authenticate: Bearer) for a missing, unknown, wrong or revoked key, 403 for a role
+the route refuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from aiohttp import hdrs, web
+from aiohttp.typedefs import Middleware
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from catalog import access
+from catalog.access import ALL_NAMESPACES, ROLES, Principal
+from kvpack.server.openai import ApiError
+
+Authenticator = Callable[[str], Principal | None]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+PRINCIPAL = web.RequestKey("principal", Principal)
+ANONYMOUS = Principal(key_id="anonymous", role="admin", namespace=ALL_NAMESPACES)
+OPEN_PATHS = frozenset({"/healthz"})
+ADMIN_PATHS = frozenset({"/metrics", "/v1/economics"})
+
+
+def allowed_roles(path: str) -> tuple[str, ...]:
+    """The roles that may use `path` (empty: open to anyone, no key needed)."""
+    if path in OPEN_PATHS:
+        return ()
+    if path in ADMIN_PATHS or _under(path, "/v1/admin"):
+        return ("admin",)
+    if _under(path, "/v1/peer"):
+        return ("peer", "admin")
+    return ROLES
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + "/")
+
+
+def bearer_token(header: str | None) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header (scheme case-insensitive)."""
+    scheme, _, token = (header or "").partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+def completion_namespace(principal: Principal, default: str) -> str:
+    return default if principal.namespace == ALL_NAMESPACES else principal.namespace
+
+
+def catalog_authenticator(db: Engine) -> Authenticator:
+    """Look every token up in the catalog's api_keys (blocking: run it off the loop)."""
+
+    def authenticate(token: str) -> Principal | None:
+        try:
+            with Session(db) as session, session.begin():
+                return access.authenticate(session=session, token=token)
+        except SQLAlchemyError as e:  # fail closed: no answer is no access
+            message = "the API key could not be checked: the catalog is unreachable"
+            raise ApiError(503, message, code="auth_unavailable") from e
+
+    return authenticate
+
+
+def any_active_key(db: Engine) -> bool:
+    """Whether the catalog holds an unrevoked key (with none, every caller is refused)."""
+    with Session(db) as session, session.begin():
+        return access.any_active_key(session=session)
+
+
+def unauthorized(message: str) -> ApiError:
+    return ApiError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
+def middleware(authenticate: Authenticator | None) -> Middleware:
+    """The middleware that sets request[PRINCIPAL] or refuses; None: anonymous access."""
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if authenticate is None:
+            request[PRINCIPAL] = ANONYMOUS
+            return await handler(request)
+        roles = allowed_roles(request.path)
+        if not roles:
+            return await handler(request)
+        token = bearer_token(request.headers.get(hdrs.AUTHORIZATION))
+        if token is None:
+            raise unauthorized("no API key: send Authorization: Bearer <key>")
+        principal = await asyncio.to_thread(authenticate, token)
+        if principal is None:  # unknown, wrong secret or revoked: the caller is not told which
+            raise unauthorized("the API key is not valid")
+        if principal.role not in roles:
+            needs = " or ".join(roles)
+            message = f"{request.path} is for {needs} keys; this is a {principal.role} key"
+            raise ApiError(403, message, code="permission_denied")
+        request[PRINCIPAL] = principal
+        return await handler(request)
+
+    return auth

@@ -1,0 +1,109 @@
+"""The peer routes: another vault asking this one for its cuts (kvpack/remote/exporter.py).
+
+Peer or admin API keys only (kvpack/server/auth.py):
+- GET  /v1/peer/keys: this producer's public bundle (catalog/signing.py).
+- POST /v1/peer/find {identity, alignment, depth, links: [[depth, digest hex], ...],
+  min_depth}: the deepest exportable cut deeper than min_depth as a signed statement,
+  or 404. The links must form a token chain: every aligned depth, then the end.
+- GET  /v1/peer/packs/{manifest id}/planes: the cut's parts (application/octet-stream).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+
+from catalog.chain import TokenChain
+from catalog.ids import ChainDigest, IdentityDigest, ManifestId
+from kvpack.remote.exporter import Exporter
+from kvpack.server.auth import PRINCIPAL
+from kvpack.server.openai import ApiError, parse_json
+
+MAX_LINKS = 1 << 16
+EXPORTER = web.AppKey("exporter", Exporter)
+
+
+def add_routes(app: web.Application, exporter: Exporter) -> None:
+    app[EXPORTER] = exporter
+    app.router.add_get("/v1/peer/keys", keys)
+    app.router.add_post("/v1/peer/find", find)
+    app.router.add_get("/v1/peer/packs/{manifest}/planes", planes)
+
+
+def _scope(request: web.Request) -> str:
+    """The namespaces the caller's key may export ("*": all)."""
+    return request[PRINCIPAL].namespace
+
+
+async def keys(request: web.Request) -> web.Response:
+    bundle = request.app[EXPORTER].keys.bundle()
+    return web.Response(text=bundle.to_json(), content_type="application/json")
+
+
+async def find(request: web.Request) -> web.Response:
+    scope = _scope(request)
+    identity, chain, min_depth = parse_find(parse_json(await request.read()))
+    exporter = request.app[EXPORTER]
+    answer = await asyncio.to_thread(
+        exporter.find, identity=identity, chain=chain, min_depth=min_depth, scope=scope
+    )
+    if answer is None:
+        raise ApiError(404, "no exportable cut for that identity and chain", code="no_cut")
+    return web.json_response(answer.to_json())
+
+
+async def planes(request: web.Request) -> web.Response:
+    scope = _scope(request)
+    raw = request.match_info["manifest"]
+    try:
+        manifest_id = ManifestId.from_hex(raw)
+    except ValueError as e:
+        raise ApiError(400, str(e), param="manifest") from None
+    data = await asyncio.to_thread(
+        request.app[EXPORTER].planes, manifest_id=manifest_id, scope=scope
+    )
+    if data is None:
+        raise ApiError(404, f"no exportable cut {manifest_id.hex}", code="no_cut")
+    return web.Response(body=data, content_type="application/octet-stream")
+
+
+def parse_find(doc: Any) -> tuple[IdentityDigest, TokenChain, int]:
+    """(identity, chain, min_depth) from a find request; ApiError 400 naming the field."""
+    if not isinstance(doc, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    try:
+        identity = IdentityDigest.from_hex(doc["identity"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ApiError(400, f"malformed find request: {e}", param="identity") from None
+    try:
+        alignment, depth, min_depth = (doc[k] for k in ("alignment", "depth", "min_depth"))
+        if not all(type(v) is int and v >= 0 for v in (alignment, depth, min_depth)):
+            raise ValueError("alignment, depth and min_depth must be integers >= 0")
+        links = doc["links"]
+        if not isinstance(links, list) or len(links) > MAX_LINKS:
+            raise ValueError(f"links must be a list of at most {MAX_LINKS} [depth, digest]")
+        parsed = tuple(
+            (d, ChainDigest.from_hex(h))
+            for d, h in (_pair(link) for link in links)
+            if type(d) is int
+        )
+        if len(parsed) != len(links):
+            raise ValueError("link depths must be integers")
+    except (KeyError, TypeError, ValueError) as e:
+        raise ApiError(400, f"malformed find request: {e}", param="links") from None
+    if alignment < 1 or depth // alignment > MAX_LINKS:
+        raise ApiError(400, f"alignment must be >= 1 and depth at most {MAX_LINKS} blocks")
+    expected = [*range(alignment, depth + 1, alignment)]
+    if depth > 0 and (not expected or expected[-1] != depth):
+        expected.append(depth)
+    if [d for d, _ in parsed] != expected:
+        raise ApiError(400, "links must name every aligned depth and the end", param="links")
+    return identity, TokenChain(alignment=alignment, depth=depth, links=parsed), min_depth
+
+
+def _pair(link: Any) -> tuple[Any, Any]:
+    if not isinstance(link, list) or len(link) != 2:
+        raise ValueError("each link is [depth, digest hex]")
+    return link[0], link[1]

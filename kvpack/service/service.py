@@ -1,0 +1,322 @@
+"""The service: one model, its tenants' slots, the reuse ladder, publication and counters.
+
+- request / completion: a CompletionRequest (prompt tokens with the chat template
+  applied, max tokens, sampling, stop ids and stop strings, tenant namespace) becomes a
+  Completion (generated ids and text, finish reason, which tier served how many cached
+  tokens, restore and prefill seconds). The server and the Python API both speak these.
+- complete(): the ladder installs the deepest available state (kvpack/tiers/ladder.py),
+  the engine prefills the rest in absolute aligned steps, then decodes. Publication rides
+  along (kvpack/service/publication.py): a snapshot at every aligned boundary the
+  prefill crosses while the slot is cold, encoded and stored in the background.
+- text: generated ids become text as they come (kvpack/service/detok.py); a stop string
+  ends the generation at once and is not part of the text.
+- tenant namespace: the identity's salt. Each namespace gets its own slot pool over the
+  same weights (its identity differs only in the namespace component) and its own
+  chunk-id key, so no lookup crosses tenants; every counter carries it as a label.
+
+complete() is synchronous and not thread-safe: callers serialise it on one thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from catalog.chain import TokenChain
+from engine.errors import InvalidRequest
+from engine.models import LoadedModel, load_model
+from engine.sampling import GREEDY, Sampling
+from engine.slots import Slot, SlotPool
+from engine.state import Snapshot
+from kvpack.accounting.counters import Accounting
+from kvpack.accounting.economics import summarize
+from kvpack.accounting.pairing import PrefillClock
+from kvpack.background import DEFAULT_CAPACITY, Background
+from kvpack.config import Settings
+from kvpack.remote.exporter import Exporter
+from kvpack.remote.importer import RemoteTier
+from kvpack.remote.peers import Peer, load_peers
+from kvpack.remote.quarantine import Quarantine
+from kvpack.service.detok import TextStream
+from kvpack.service.publication import DURABLE_EVERY, Publication
+from kvpack.tiers.durable import DurableTier
+from kvpack.tiers.ladder import Ladder
+from kvpack.tiers.resident import DEFAULT_BUDGET_BYTES, ResidentTier
+from kvpack.tiers.session import Tenant
+from kvpack.vault import DEFAULT_TIMEOUT_S, Vault
+
+PAIRING = (
+    "a local prefill from depth 0 pairs once with the first later hit on the same cut "
+    "(same identity, same tokens) in the same process"
+)
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    tokens: list[int]  # prompt, chat template already applied
+    max_tokens: int
+    sampling: Sampling = GREEDY
+    stop: tuple[int, ...] = ()  # stop token ids, beside the model's end-of-sequence ids
+    stop_strings: tuple[str, ...] = ()  # text that ends the generation (not returned)
+    namespace: str = "default"  # tenant namespace (the server takes it from the API key)
+
+
+@dataclass(frozen=True)
+class Completion:
+    tokens: list[int]  # generated ids (stop token excluded)
+    text: str  # their text, cut before any stop string
+    finish_reason: str  # "stop" | "length" | "cancelled"
+    prompt_tokens: int
+    cached_tokens: int  # tokens not prefilled because a tier served them
+    tier: str  # "session" | "resident" | "durable" | "remote" | "none"
+    restore_seconds: float
+    prefill_seconds: float
+
+
+class Service:
+    def __init__(
+        self,
+        *,
+        loaded: LoadedModel,
+        vault: Vault,
+        num_slots: int = 1,
+        resident: ResidentTier | None = None,
+        durable_every: int = DURABLE_EVERY,
+        background_capacity: int = DEFAULT_CAPACITY,
+    ) -> None:
+        if durable_every < 1 or durable_every % loaded.alignment:
+            raise InvalidRequest(
+                "durable_every", f"must be a positive multiple of {loaded.alignment}"
+            )
+        self.loaded = loaded
+        self.num_slots = num_slots
+        self.vault = vault
+        self.resident = resident if resident is not None else ResidentTier()
+        self.accounting = Accounting(per_namespace=True)  # counters per tenant
+        self.background = Background(capacity=background_capacity)
+        self.clock = PrefillClock()
+        self.durable = DurableTier(vault, self.background)
+        self.publication = Publication(
+            resident=self.resident,
+            vault=vault,
+            background=self.background,
+            durable_every=durable_every,
+        )
+        self.ladder = Ladder(
+            authority=self.durable,
+            caches=[self.resident],
+            accounting=self.accounting,
+            background=self.background,
+            clock=self.clock,
+            record_timing=vault.record_timing,
+        )
+        self.quarantine = Quarantine(vault)
+        self.exporter = Exporter(vault)
+        self._tenants: dict[str, Tenant] = {}
+        self._tenants_lock = threading.Lock()
+        self._closed = False
+        self.tenant(loaded.identity.namespace)
+
+    @classmethod
+    def open(
+        cls,
+        settings: Settings,
+        *,
+        model: str,
+        num_slots: int = 1,
+        resident_budget_bytes: int = DEFAULT_BUDGET_BYTES,
+        durable_every: int = DURABLE_EVERY,
+        background_capacity: int = DEFAULT_CAPACITY,
+        io_timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> Service:
+        """The service the settings describe: its vault opened (catalog migrated), the
+        model loaded, and the configured peers used."""
+        loaded = load_model(model, alignment=settings.alignment, namespace=settings.namespace)
+        vault = Vault.open(settings, timeout_s=io_timeout_s)
+        try:
+            service = cls(
+                loaded=loaded,
+                vault=vault,
+                num_slots=num_slots,
+                resident=ResidentTier(resident_budget_bytes),
+                durable_every=durable_every,
+                background_capacity=background_capacity,
+            )
+            peers = load_peers(settings.peers_path)
+        except BaseException:
+            vault.close()
+            raise
+        if peers:
+            service.use_peers(peers, timeout_s=settings.peer_timeout_s)
+        return service
+
+    @property
+    def remote(self) -> RemoteTier | None:
+        return next((t for t in self.ladder.peers if isinstance(t, RemoteTier)), None)
+
+    def use_peers(self, peers: Sequence[Peer], *, timeout_s: float) -> RemoteTier:
+        """Import from `peers` (in order) whenever one could beat the best local cut."""
+        tier = RemoteTier(
+            peers=peers,
+            vault=self.vault,
+            quarantine=self.quarantine,
+            accounting=self.accounting,
+            timeout_s=timeout_s,
+        )
+        self.ladder.peers = [tier]
+        return tier
+
+    def tenant(self, namespace: str) -> Tenant:
+        """The tenant of `namespace`, created on first use (same weights, salted identity)."""
+        if not isinstance(namespace, str) or not namespace:
+            raise InvalidRequest("namespace", "must be a non-empty string")
+        with self._tenants_lock:
+            tenant = self._tenants.get(namespace)
+            if tenant is None:
+                loaded = self.loaded.with_namespace(namespace)
+                tenant = self._tenants[namespace] = Tenant(
+                    SlotPool(loaded, num_slots=self.num_slots)
+                )
+            return tenant
+
+    # -- a request ----------------------------------------------------------------------
+
+    def complete(
+        self,
+        req: CompletionRequest,
+        *,
+        on_text: Callable[[str], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Completion:
+        """Serve one request; `on_text` receives the text as it is generated."""
+        if not isinstance(req.max_tokens, int) or req.max_tokens < 0:
+            raise InvalidRequest("max_tokens", f"must be an int >= 0, got {req.max_tokens!r}")
+        tenant = self.tenant(req.namespace)
+        tokens = tenant.pool.check_tokens(req.tokens)
+        if not tokens:
+            raise InvalidRequest("tokens", "the prompt is empty")
+        chain = tenant.scope.chain(tokens)
+        installed = self.ladder.serve(tenant, tokens)
+        slot = installed.slot
+        prefill_seconds = self._prefill(tenant, slot, tokens, chain, cancel)
+        text = TextStream(self.loaded.tokenizer.decode, req.stop_strings)
+        base: dict[str, Any] = {
+            "prompt_tokens": len(tokens),
+            "cached_tokens": installed.depth,
+            "tier": installed.tier,
+            "restore_seconds": installed.restore_seconds,
+            "prefill_seconds": prefill_seconds,
+        }
+        if slot.depth < len(tokens):  # cancelled mid-prefill
+            return Completion(tokens=[], text="", finish_reason="cancelled", **base)
+
+        def on_token(token: int) -> None:
+            delta = text.push(token)
+            if delta and on_text is not None:
+                on_text(delta)
+
+        # Nothing is published while decoding: a decoded token's K/V differ in the last
+        # bits from the same token prefilled (see kvpack/service/publication.py).
+        gen = slot.generate(
+            max_tokens=req.max_tokens,
+            sampling=req.sampling,
+            stop=req.stop,
+            on_token=on_token,
+            cancel=lambda: text.stopped or (cancel is not None and cancel.is_set()),
+        )
+        rest = text.finish()
+        if rest and on_text is not None:
+            on_text(rest)
+        finish = "stop" if text.stopped else gen.finish_reason
+        return Completion(tokens=gen.tokens, text=text.text, finish_reason=finish, **base)
+
+    def _prefill(
+        self,
+        tenant: Tenant,
+        slot: Slot,
+        tokens: list[int],
+        chain: TokenChain,
+        cancel: threading.Event | None,
+    ) -> float:
+        """Prefill tokens[slot.depth:], publishing at boundaries; returns compute seconds."""
+        start = slot.depth
+        if start == len(tokens):
+            return 0.0
+        scope, every = tenant.scope, self.publication.durable_every
+        publication = 0.0  # seconds spent in on_boundary, not prefilling
+        last: tuple[int, Snapshot, bool] | None = None  # (depth, snapshot, sent to durable)
+        t0 = time.perf_counter()
+
+        def on_boundary(depth: int) -> None:
+            nonlocal publication, last
+            if not slot.cold:  # a continued session holds decoded K/V: not a cold cut
+                return
+            t = time.perf_counter()
+            if start == 0:
+                seconds = t - t0 - publication
+                self.clock.record(identity=scope.identity, chain=chain.at(depth), seconds=seconds)
+            snap = slot.export()
+            durable = depth % every == 0
+            self.publication.cut(scope, tokens[:depth], snap, resident=True, durable=durable)
+            last = (depth, snap, durable)
+            publication += time.perf_counter() - t
+
+        slot.prefill(tokens[start:], on_boundary=on_boundary, cancel=cancel)
+        seconds = time.perf_counter() - t0 - publication
+        self.accounting.count_prefill(
+            seconds=seconds, tokens=slot.depth - start, namespace=tenant.namespace
+        )
+        if slot.depth < len(tokens):
+            return seconds
+        # The prompt boundary: its last aligned cut and its exact cut go durable too.
+        if last is not None and not last[2]:
+            depth, snap, _ = last
+            self.publication.cut(scope, tokens[:depth], snap, resident=False, durable=True)
+        if not chain.aligned and slot.cold:
+            if start == 0:
+                self.clock.record(identity=scope.identity, chain=chain.digest, seconds=seconds)
+            self.publication.cut(scope, tokens, slot.export(), resident=True, durable=True)
+        return seconds
+
+    # -- reporting ----------------------------------------------------------------------
+
+    def economics(self) -> dict[str, Any]:
+        """The economics summary (GET /v1/economics): measured/mock labels on every value."""
+        with self._tenants_lock:
+            identities = [t.scope.identity for t in self._tenants.values()]
+        try:
+            pairs = self.vault.timings(identities)
+            source = "catalog economics_ledger"
+        except SQLAlchemyError:
+            pairs, source = [], "unavailable (catalog unreachable)"
+        restored = self.accounting.total("kvpack_restored_tokens_total")  # every tier, tenant
+        summary = summarize(pairs, num_params=self.loaded.num_params, restored_tokens=int(restored))
+        return {
+            "model": self.loaded.name,
+            "identity": self.loaded.identity.hex,
+            "ledger": source,
+            "pairing": PAIRING,
+            **summary,
+        }
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait for queued background work to finish; False if `timeout` passed first."""
+        return self.background.flush(timeout)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Drain background work (bounded wait), then release the store, loop and database.
+        Closing twice is a no-op."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.background.close(timeout)
+            if self.remote is not None:
+                self.remote.close()
+        finally:
+            self.vault.close()

@@ -1,0 +1,166 @@
+"""The reuse ladder: where a request's prefix state comes from (DESIGN flow step 2).
+
+Every tier answers the same two questions (kvpack/tiers/base.py). The ladder:
+1. session: a live slot of the tenant whose history is a prefix of the request
+   continues there — a session continuation, never a hit (kvpack/tiers/session.py).
+2. plan: ask the authority (the durable tier) for its deepest cut; ask each cache (the
+   resident tier) for a cut no deeper than that (invariant 2: durable caps resident),
+   used only when it reaches the authority's depth; then, unless a local candidate is
+   exact already, ask each peer tier (remote) for a deeper cut than the best local one.
+   If the authority cannot answer (an outage) nothing is planned: the cap is unknown, so
+   no cache may serve (fail closed), and a peer's cut could not be promoted anyway.
+3. load: candidates deepest first (at equal depth, caches before the authority); load,
+   install through the engine's shadow -> gate -> swap, and stop at the first that
+   commits. A verification failure is counted and falls through, an outage falls
+   through uncounted (invariant 9); the engine refuses anything that does not fit.
+4. a hit: counted from the committed-restore receipt only (invariant 4); the tier that
+   served is told (LRU, catalog hit stamp), the caches are filled with the state that a
+   slower tier served, and a paired timing is recorded when this process prefilled the
+   same cut. Those run in the background, never on the response path.
+5. miss: the slot is reset and the request prefills from scratch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from catalog.ledger import PairedTiming
+from engine.slots import Slot
+from engine.state import Planes, Snapshot
+from kvpack.accounting.counters import Accounting, CommittedRestore, commit_restore
+from kvpack.accounting.pairing import PrefillClock
+from kvpack.background import Background
+from kvpack.tiers.base import OUTAGES, VERIFICATION_FAILURES, Ask, Cache, Candidate, Tier
+from kvpack.tiers.session import Tenant
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Installed:
+    """Where a request's prefix came from: the slot it is in and the tier that served it."""
+
+    slot: Slot
+    tier: str  # "session" | "resident" | "durable" | "remote" | "none"
+    depth: int  # tokens the tier supplied
+    restore_seconds: float = 0.0
+
+
+class Ladder:
+    def __init__(
+        self,
+        *,
+        authority: Tier,
+        caches: Sequence[Cache],
+        peers: Sequence[Tier] = (),
+        accounting: Accounting,
+        background: Background,
+        clock: PrefillClock,
+        record_timing: Callable[[PairedTiming], None],
+    ) -> None:
+        self.authority = authority
+        self.caches = list(caches)
+        self.peers = list(peers)
+        self.accounting = accounting
+        self.background = background
+        self.clock = clock
+        self.record_timing = record_timing
+
+    @property
+    def tiers(self) -> dict[str, Tier]:
+        return {t.name: t for t in (self.authority, *self.caches, *self.peers)}
+
+    def serve(self, tenant: Tenant, tokens: Sequence[int]) -> Installed:
+        """Install the deepest available state for `tokens` in a slot of `tenant`."""
+        ns = tenant.namespace
+        slot = tenant.session_slot(tokens)
+        if slot is not None:
+            tenant.touch(slot)
+            self.accounting.count_session_continuation(namespace=ns)
+            return Installed(slot, "session", slot.depth)
+        slot = tenant.lru_slot()
+        tenant.touch(slot)
+        ask = Ask.of(tenant.scope, tokens)
+        tiers = self.tiers
+        for candidate in self.plan(ask):
+            installed = self._try(tiers[candidate.tier], candidate, ask, slot)
+            if installed is not None:
+                return installed
+        slot.reset()
+        self.accounting.count_miss(namespace=ns)
+        return Installed(slot, "none", 0)
+
+    def plan(self, ask: Ask) -> list[Candidate]:
+        """Every candidate worth loading, in the order to try them (no side effects)."""
+        try:
+            best = self.authority.find(ask)
+        except OUTAGES as e:
+            log.warning("%s lookup unavailable, recomputing: %s", self.authority.name, e)
+            return []
+        cap = best.depth if best is not None else 0
+        local = [c for c in (self._find(t, ask.bounded(at_most=cap)) for t in self.caches) if c]
+        local = [c for c in local if best is not None and c.depth == best.depth]
+        local += [best] if best is not None else []
+        if cap == ask.depth:
+            return local  # exact already: no peer can beat it
+        remote = [self._find(t, ask.bounded(deeper_than=cap)) for t in self.peers]
+        deeper = sorted((c for c in remote if c), key=lambda c: -c.depth)
+        return deeper + local
+
+    def _find(self, tier: Tier, ask: Ask) -> Candidate | None:
+        try:
+            return tier.find(ask)
+        except OUTAGES as e:
+            log.warning("%s lookup unavailable: %s", tier.name, e)
+            return None
+
+    def _try(self, tier: Tier, candidate: Candidate, ask: Ask, slot: Slot) -> Installed | None:
+        started = time.perf_counter()
+        try:
+            loaded = tier.load(candidate, ask)
+            _, receipt = commit_restore(
+                lambda: slot.restore(loaded.cut, prompt=ask.tokens),
+                tier=tier.name,
+                depth=candidate.depth,
+                manifest_bytes=loaded.manifest_bytes,
+                estimated_bytes=loaded.estimated_bytes,
+                namespace=ask.scope.namespace,
+                started_at=started,
+            )
+        except VERIFICATION_FAILURES as e:
+            log.warning(
+                "%s cut at depth %d refused, recomputing: %s", tier.name, candidate.depth, e
+            )
+            self.accounting.count_verification_failure(
+                tier=tier.name, namespace=ask.scope.namespace
+            )
+            tier.refused(candidate, e)
+            return None
+        except OUTAGES as e:
+            log.warning("%s cut at depth %d unavailable: %s", tier.name, candidate.depth, e)
+            return None
+        tier.served(candidate, ask)
+        if tier not in self.caches:
+            self._fill(ask, candidate.depth, loaded.cut)
+        return self._hit(ask, slot, receipt)
+
+    def _fill(self, ask: Ask, depth: int, cut: Snapshot | Planes) -> None:
+        """Hold state a slower tier served in every cache (off the response path)."""
+        tokens = ask.tokens[:depth]
+        for cache in self.caches:
+            self.background.submit(
+                f"fill {cache.name}@{depth}",
+                lambda cache=cache: cache.hold(ask.scope, tokens, cut),
+            )
+
+    def _hit(self, ask: Ask, slot: Slot, receipt: CommittedRestore) -> Installed:
+        self.accounting.count_hit(receipt)
+        timing = self.clock.pair(
+            identity=ask.scope.identity, chain=ask.chain.at(receipt.depth), receipt=receipt
+        )
+        if timing is not None:
+            self.background.submit("pair", lambda: self.record_timing(timing))
+        return Installed(slot, receipt.tier, receipt.depth, receipt.restore_seconds)

@@ -1,0 +1,202 @@
+"""The vault: the durable side of kvpack, opened once from the settings.
+
+- Vault: the catalog (SQLAlchemy engine), the object store, the vault keyring, this
+  vault's producer keys (which sign every manifest it seals and every statement it
+  exports) and the IoLoop every storage coroutine runs on. `kvpack serve`, the operator
+  commands and the tests open it the same way (`Vault.open(settings)`); its methods are
+  synchronous and raise cas's and catalog's typed errors unchanged, so callers decide
+  what is a verification failure and what is an outage.
+- chunk store: one per tenant namespace (chunk ids are keyed per namespace).
+- opening migrates the catalog to head (Alembic), for the embedded SQLite default and
+  for an external database alike; the service never calls create_all.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from cas.chunks import ChunkStore
+from cas.keys import Keyring
+from cas.sealed import SealedObjects
+from cas.store import ObjectStore
+from catalog import ledger, queries
+from catalog.chain import TokenChain
+from catalog.gc import GcReport, collect
+from catalog.ids import IdentityDigest, ManifestId
+from catalog.ledger import PairedTiming
+from catalog.manifest import Manifest
+from catalog.publish import LoadedCut, load_cut, publish
+from catalog.queries import Cut
+from catalog.scope import Scope
+from catalog.signing import MANIFEST_DOMAIN, Bundle, ProducerKeys
+from kvpack.config import Settings
+from kvpack.io import IoLoop
+from migrations import migrate
+
+T = TypeVar("T")
+DEFAULT_TIMEOUT_S = 60.0
+
+
+class Vault:
+    def __init__(
+        self,
+        *,
+        db: Engine,
+        objects: ObjectStore,
+        keyring: Keyring,
+        producer_keys: ProducerKeys,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        self.db = db
+        self.objects = objects
+        self.keyring = keyring
+        self.producer_keys = producer_keys
+        self.timeout_s = timeout_s
+        self.io = IoLoop()
+        self.sealed = SealedObjects(objects, keyring)
+        self._chunks: dict[str, ChunkStore] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, settings: Settings, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Vault:
+        """Migrate the catalog, then open the store and the keys the settings name."""
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        migrate(settings.database_url)
+        return cls(
+            db=settings.make_engine(),
+            objects=settings.open_store(),
+            keyring=settings.keyring(),
+            producer_keys=settings.producer_keys(),
+            timeout_s=timeout_s,
+        )
+
+    @property
+    def producer(self) -> str:
+        return self.producer_keys.producer
+
+    def chunks(self, namespace: str) -> ChunkStore:
+        with self._lock:
+            store = self._chunks.get(namespace)
+            if store is None:
+                store = self._chunks[namespace] = ChunkStore(
+                    self.objects, self.keyring, namespace=namespace
+                )
+            return store
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = -1.0) -> T:
+        """Run a storage coroutine on the vault's loop (default: the vault's timeout)."""
+        return self.io.run(coro, self.timeout_s if timeout == -1.0 else timeout)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """A catalog session inside one committed transaction."""
+        with Session(self.db) as session, session.begin():
+            yield session
+
+    def read(self, query: Callable[[Session], T]) -> T:
+        """One read-only catalog query."""
+        with Session(self.db) as session:
+            return query(session)
+
+    # -- cuts -------------------------------------------------------------------------
+
+    def find(
+        self, scope: Scope, chain: TokenChain, *, deeper_than: int = 0, at_most: int | None = None
+    ) -> Cut | None:
+        """The deepest cut that can serve this chain (one indexed catalog query)."""
+        return self.read(
+            lambda s: queries.find_deepest(
+                session=s,
+                identity=scope.identity,
+                chain=chain,
+                deeper_than=deeper_than,
+                at_most=at_most,
+            )
+        )
+
+    def get_cut(self, manifest_id: ManifestId) -> Cut | None:
+        return self.read(lambda s: queries.get_cut(session=s, manifest_id=manifest_id))
+
+    def load(self, cut: Cut, scope: Scope) -> LoadedCut:
+        """The cut's manifest and parts, every chunk fetched concurrently and verified."""
+        coro = load_cut(
+            chunks=self.chunks(scope.namespace), keyring=self.keyring, cut=cut,
+            identity=scope.identity,
+        )  # fmt: skip
+        return self.run(coro)
+
+    def publish(
+        self,
+        scope: Scope,
+        tokens: Sequence[int],
+        *,
+        layout: Mapping[str, Any],
+        parts: Sequence[tuple[str, bytes | memoryview]],
+        logits_witnessed: bool,
+        producer: str | None = None,
+        provenance: str = "local",
+    ) -> Manifest:
+        """Publish the cut after `tokens` (idempotent: the same history is one manifest).
+        A promoted remote import names its producer and its provenance ("peer:<name>");
+        this vault's key signs every envelope it seals either way."""
+        coro = publish(
+            chunks=self.chunks(scope.namespace),
+            db=self.db,
+            keyring=self.keyring,
+            scope=scope,
+            tokens=tokens,
+            parts=parts,
+            layout=layout,
+            logits_witnessed=logits_witnessed,
+            producer=producer or self.producer,
+            provenance=provenance,
+            sign=lambda body: self.producer_keys.sign(MANIFEST_DOMAIN, body),
+        )
+        return self.run(coro)
+
+    def touch_cut(self, manifest_id: ManifestId) -> None:
+        """Stamp a served cut as just hit (GC evicts the least recently hit first)."""
+        with self.transaction() as s:
+            queries.touch_cut(session=s, manifest_id=manifest_id)
+
+    def identity_components(self, identity: IdentityDigest) -> dict[str, Any] | None:
+        return self.read(lambda s: queries.identity_components(session=s, identity=identity))
+
+    # -- keeping the vault ------------------------------------------------------------
+
+    def collect(self, *, budget_bytes: int | None, grace: timedelta) -> GcReport:
+        """GC (catalog/gc.py): evict down to `budget_bytes`, then reclaim unreferenced
+        chunks older than `grace`."""
+        coro = collect(objects=self.objects, db=self.db, budget_bytes=budget_bytes, grace=grace)
+        return self.run(coro, None)
+
+    def rotate_producer_key(self, path: Path) -> Bundle:
+        """A new signing key endorsed by the current one, saved to `path` before use."""
+        keys = self.producer_keys.rotate()
+        keys.save(path)
+        self.producer_keys = keys
+        return keys.bundle()
+
+    # -- the economics ledger ---------------------------------------------------------
+
+    def record_timing(self, timing: PairedTiming) -> None:
+        with self.transaction() as s:
+            ledger.insert_timing(session=s, timing=timing)
+
+    def timings(self, identities: Sequence[IdentityDigest]) -> list[PairedTiming]:
+        return self.read(lambda s: ledger.timings(session=s, identities=identities))
+
+    def close(self) -> None:
+        try:
+            self.run(self.objects.aclose())
+        finally:
+            self.io.close()
+            self.db.dispose()

@@ -1,0 +1,115 @@
+"""Background work off the response path, a peer tier that promotes, and paired timings."""
+
+from __future__ import annotations
+
+import threading
+
+from engine.models import load_model
+from engine.slots import SlotPool
+from kvpack.background import Background
+from kvpack.config import Settings
+from kvpack.tiers.base import Candidate
+from tests.engine.slotkit import TINY_A
+from tests.kvpack.service.test_service import P, ask, deepest_cut
+
+
+def test_full_queue_drops_with_count_and_never_blocks():
+    """Branch: Background.submit on a full queue returns False at once and counts a drop;
+    flush waits for queued jobs; a failing job is counted, never raised; after close
+    nothing is taken."""
+    pub = Background(capacity=1)
+    started, gate, ran = threading.Event(), threading.Event(), []
+
+    def blocker() -> None:
+        started.set()
+        gate.wait(10)
+
+    assert pub.submit("blocker", blocker)
+    assert started.wait(5)  # the worker holds the blocker; the queue is empty
+    assert pub.submit("queued", lambda: ran.append(1))
+    assert not pub.submit("dropped", lambda: ran.append(2))  # returns while the worker waits
+    assert not pub.flush(0.05)
+    gate.set()
+    assert pub.flush(5) and ran == [1]
+    assert pub.submit("fails", lambda: 1 / 0) and pub.flush(5)
+    assert pub.close(5)
+    assert not pub.submit("late", lambda: ran.append(3))
+    assert pub.stats() == {"queued": 0, "done": 2, "failed": 1, "dropped": 2}
+
+
+class PeerThatPromotes:
+    """A peer tier stand-in: a peer computed the cut; load() stores it into the local
+    vault (as kvpack/remote/importer.py's promotion does), then serves it back from there."""
+
+    name = "remote"
+
+    def __init__(self, svc):
+        self.svc, self.loads = svc, 0
+
+    def find(self, ask):
+        return Candidate(self.name, ask.depth, None)
+
+    def load(self, candidate, ask):
+        self.loads += 1
+        loaded = load_model("tiny", alignment=TINY_A, namespace="default")
+        slot = SlotPool(loaded, num_slots=1).slot(0)
+        slot.prefill(list(ask.tokens))
+        planes = slot.export().planes()
+        self.svc.vault.publish(
+            ask.scope, ask.tokens, layout=planes.layout, parts=planes.parts,
+            logits_witnessed=True,
+        )  # fmt: skip
+        return self.svc.durable.load(self.svc.durable.find(ask), ask)
+
+    def served(self, candidate, ask):
+        return None
+
+    def refused(self, candidate, error):
+        return None
+
+
+def test_a_peer_tier_promotes_then_serves_what_the_local_vault_verified(settings, open_service):
+    """Branch: remote. Nothing local can serve; the peer tier promotes a cut into the
+    local vault and serves it from there; the ladder counts a remote hit billed from the
+    manifest — and the answer equals a cold run's."""
+    svc = open_service(settings)
+    cold = ask(svc, P)  # no peers: a miss
+    elsewhere = Settings.load(data_dir=settings.data_dir / "other", alignment=TINY_A, env={})
+    local = open_service(elsewhere)  # its own store and catalog: nothing to serve P from
+    peer = PeerThatPromotes(local)
+    local.ladder.peers = [peer]
+    before = local.accounting.snapshot()
+    warm = ask(local, P)
+    assert (warm.tier, warm.cached_tokens) == ("remote", len(P))
+    assert warm.tokens == cold.tokens and peer.loads == 1
+    after = local.accounting.snapshot()
+    # Per-tenant series exist once their tenant was seen: absent before means zero.
+    assert after["kvpack_hits_total:remote"] - before.get("kvpack_hits_total:remote", 0) == 1
+    billed = after["kvpack_bytes_served_total:remote"] - before.get(
+        "kvpack_bytes_served_total:remote", 0
+    )
+    assert billed == deepest_cut(local, P).bytes
+
+
+def test_paired_timing_from_a_local_prefill_and_a_later_hit_persists(settings, open_service):
+    """Branch: pairing. A cold prefill from depth 0 and the first later hit on the same cut
+    in the same process make one measured pair, persisted in the catalog's economics
+    ledger (a second service over the same catalog reads it back); a further hit on that
+    cut pairs nothing (each prefill measurement pairs once)."""
+    svc = open_service(settings)
+    assert svc.economics()["pairs"] == 0
+    assert svc.economics()["speedup"]["value"] is None
+    ask(svc, P)
+    assert svc.flush(30)
+    assert ask(svc, P).tier == "resident"
+    assert ask(svc, P).tier == "resident"
+    assert svc.flush(30)
+    econ = svc.economics()
+    assert econ["pairs"] == 1 and econ["paired_tokens"] == len(P)
+    assert econ["speedup"]["basis"] == "measured" and econ["speedup"]["value"] > 0
+    assert econ["joules_saved"]["basis"] == "mock"
+    assert econ["flops_avoided"]["value"] == 2 * svc.loaded.num_params * 2 * len(P)
+    svc.close()
+    again = open_service(settings)
+    assert again.economics()["pairs"] == 1
+    assert again.economics()["by_tier"]["resident"]["pairs"] == 1

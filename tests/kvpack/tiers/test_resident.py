@@ -1,0 +1,439 @@
+"""The resident tier: token radix, scopes, part pool, LRU byte budget.
+
+Cuts here are synthetic Planes (a minimal layout and random part bytes): the tier never
+decodes them, so the engine is not needed to test it."""
+
+from __future__ import annotations
+
+import gc
+import random
+import threading
+import weakref
+
+import pytest
+
+from catalog.ids import IdentityDigest
+from catalog.scope import Scope
+from engine.state import Planes
+from kvpack.tiers.base import Ask
+from kvpack.tiers.radix import PartPool
+from kvpack.tiers.resident import ResidentInputError, ResidentTier
+
+A = 4  # a small alignment keeps token lists short
+BLOCK = 1024
+ID_A = Scope(IdentityDigest(bytes(32 * [0xA1])), "a", A)
+ID_B = Scope(IdentityDigest(bytes(32 * [0xB2])), "b", A)
+
+
+def block_payload(prefix: tuple[int, ...]) -> bytes:
+    """A block's bytes depend on every token before its end, like real KV does."""
+    seed = hash(prefix) & 0xFFFFFFFF
+    return random.Random(seed).randbytes(BLOCK)
+
+
+def parts_for(tokens, *, witnessed=False, tag=b""):
+    """One part per (partial) block of `tokens`, plus a logits part when witnessed."""
+    tokens = tuple(tokens)
+    parts = []
+    for end in range(A, len(tokens) + A, A):
+        end = min(end, len(tokens))
+        parts.append(("kv", tag + block_payload(tokens[:end])))
+    if witnessed:
+        parts.append(("logits", tag + b"L" + block_payload(tokens)))
+    return parts
+
+
+def planes(scope, tokens, parts, *, witnessed=False, **extra):
+    layout = {
+        "format": 1,
+        "identity": scope.identity.hex,
+        "depth": len(tokens),
+        "alignment": scope.alignment,
+        "logits": {"role": "logits", "vocab": 1} if witnessed else None,
+        **extra,
+    }
+    return Planes(layout=layout, parts=tuple(parts))
+
+
+def put(tier, tokens, *, identity=ID_A, witnessed=False, tag=b"", **extra):
+    parts = parts_for(tokens, witnessed=witnessed, tag=tag)
+    return tier.hold(
+        identity, tokens, planes(identity, tokens, parts, witnessed=witnessed, **extra)
+    )
+
+
+def get(tier, tokens, *, identity=ID_A, cap=None):
+    ask = Ask.of(identity, tokens)
+    found = tier.find(ask if cap is None else ask.bounded(at_most=cap))
+    return None if found is None else found.handle
+
+
+def parts_of(cut):
+    return [(role, part.data) for role, part in cut.parts]
+
+
+BASE = list(range(100, 120))  # 20 tokens
+
+
+# -- radix ------------------------------------------------------------------------
+
+
+def test_aligned_cut_serves_as_ancestor_of_longer_request():
+    """Branch: an aligned cut whose tokens prefix the request is served for a longer one."""
+    tier = ResidentTier()
+    cut = put(tier, BASE[:8])
+    got = get(tier, BASE[:13])
+    assert got is cut and got.depth == 8 and got.aligned
+    assert parts_of(got) == parts_for(BASE[:8])
+
+
+def test_non_aligned_cut_is_exact_hit_only():
+    """Branch: a non-aligned cut serves only a request equal to it, never a longer one."""
+    tier = ResidentTier()
+    anc = put(tier, BASE[:4])
+    odd = put(tier, BASE[:6], witnessed=True)
+    assert not odd.aligned
+    assert get(tier, BASE[:6]) is odd
+    assert get(tier, BASE[:7]) is anc  # falls back to the aligned ancestor
+    assert get(tier, BASE[:5]) is anc
+
+
+def test_deepest_usable_cut_wins():
+    """Branch: of several usable cuts on the request's path, the deepest is served."""
+    tier = ResidentTier()
+    c4, c8, c12 = (put(tier, BASE[:d]) for d in (4, 8, 12))
+    assert get(tier, BASE[:14]) is c12
+    assert get(tier, BASE[:11]) is c8
+    assert get(tier, BASE[:5]) is c4
+    assert get(tier, BASE[:3]) is None
+
+
+def test_diverging_request_does_not_reach_cuts_past_the_divergence():
+    """Branch: a request that differs inside an edge stops the walk before deeper cuts."""
+    tier = ResidentTier()
+    c4 = put(tier, BASE[:4])
+    put(tier, BASE[:12])
+    request = BASE[:6] + [9999] + BASE[7:14]
+    assert get(tier, request) is c4
+    assert get(tier, [1, 2, 3, 4, 5]) is None
+
+
+def test_cap_depth_bounds_what_is_served():
+    """Branch (invariant 2): no cut deeper than the durable cap is served; 0 serves none."""
+    tier = ResidentTier()
+    c4, c8 = put(tier, BASE[:4]), put(tier, BASE[:8])
+    put(tier, BASE[:12])
+    odd = put(tier, BASE[:10], witnessed=True)
+    assert get(tier, BASE[:14], cap=None).depth == 12
+    assert get(tier, BASE[:14], cap=8) is c8
+    assert get(tier, BASE[:14], cap=11) is c8
+    assert get(tier, BASE[:14], cap=4) is c4
+    assert get(tier, BASE[:14], cap=0) is None
+    assert get(tier, BASE[:10], cap=9) is c8  # the exact cut is deeper than the cap
+    assert get(tier, BASE[:10], cap=10) is odd
+
+
+def test_identity_swap_rescopes_every_lookup():
+    """Branch (invariant 1): the same tokens under two identities reach two different cuts."""
+    tier = ResidentTier()
+    a = put(tier, BASE[:8], identity=ID_A, tag=b"a")
+    b = put(tier, BASE[:8], identity=ID_B, tag=b"b")
+    assert get(tier, BASE[:9], identity=ID_A) is a
+    assert get(tier, BASE[:9], identity=ID_B) is b
+    assert a.parts != b.parts
+
+
+def test_wrong_identity_is_unreachable():
+    """Branch (invariant 1): an identity with no cuts finds nothing, even for exact tokens."""
+    tier = ResidentTier()
+    put(tier, BASE[:8], identity=ID_A, witnessed=True)
+    put(tier, BASE[:6], identity=ID_A, witnessed=True)
+    for tokens in (BASE[:8], BASE[:6], BASE[:9]):
+        assert get(tier, tokens, identity=ID_B) is None
+        assert get(tier, tokens, identity=Scope(IdentityDigest(bytes(32)), "a", A)) is None
+
+
+def test_exact_hit_needs_witnessed_logits_but_ancestors_do_not():
+    """Branch (invariant 3): a full-depth cut without logits is not an exact hit, yet it
+    still serves as an aligned ancestor of a longer request."""
+    tier = ResidentTier()
+    c4 = put(tier, BASE[:4])
+    c8 = put(tier, BASE[:8], witnessed=False)
+    assert get(tier, BASE[:8]) is c4  # not c8: no logits for the last position
+    assert get(tier, BASE[:9]) is c8
+    put(tier, BASE[:6], witnessed=False)
+    assert get(tier, BASE[:6]) is c4  # a logit-less non-aligned cut is never served
+    w8 = put(tier, BASE[:8], witnessed=True)
+    assert get(tier, BASE[:8]) is w8
+
+
+def test_witnessed_cut_is_not_replaced_by_a_logit_less_one():
+    """Branch: re-inserting the same tokens without logits keeps the witnessed cut."""
+    tier = ResidentTier()
+    w = put(tier, BASE[:8], witnessed=True)
+    assert put(tier, BASE[:8], witnessed=False) is w
+    assert get(tier, BASE[:8]) is w
+    assert len(tier) == 1
+
+
+def test_reinsert_replaces_in_place_and_accounts_once():
+    """Branch: re-inserting the same tokens replaces the cut and releases the old bytes."""
+    tier = ResidentTier()
+    old = put(tier, BASE[:8], tag=b"old")
+    put(tier, BASE[:12])
+    new = put(tier, BASE[:8], witnessed=True, tag=b"new")
+    assert not tier.contains(old) and tier.contains(new)
+    assert get(tier, BASE[:8]) is new
+    assert len(tier) == 2
+    assert tier.resident_bytes == unique_bytes(get(tier, BASE[:13]), new)
+
+
+def unique_bytes(*cuts):
+    parts = {}
+    for cut in cuts:
+        parts.update(cut.unique_parts)
+    return sum(len(p) for p in parts.values())
+
+
+def test_another_alignment_is_another_scope():
+    """Branch: the alignment is part of the scope: the same identity and tokens under
+    another alignment reach nothing held under the first."""
+    tier = ResidentTier()
+    put(tier, BASE[:8])
+    other = Scope(ID_A.identity, ID_A.namespace, 8)
+    assert get(tier, BASE[:9]) is not None and get(tier, BASE[:9], identity=other) is None
+
+
+@pytest.mark.parametrize(
+    "tokens", [[], [1, 2.5], [1, -2], "abc", BASE[:3]], ids=["empty", "float", "neg", "str", "3"]
+)
+def test_bad_tokens_raise_a_typed_error_naming_them(tokens):
+    """Branch: tokens that are not a non-empty list of ids, or not the cut's depth (4),
+    raise ResidentInputError naming them; nothing is held."""
+    tier = ResidentTier()
+    with pytest.raises(ResidentInputError) as e:
+        tier.hold(ID_A, tokens, planes(ID_A, BASE[:4], [("kv", b"x")]))
+    assert e.value.what == "tokens" and len(tier) == 0
+
+
+def test_layout_is_copied_and_read_only():
+    """Branch: the cut keeps its own layout; the caller mutating theirs changes nothing."""
+    tier = ResidentTier()
+    layout = dict(planes(ID_A, BASE[:8], [], extra=[1, 2]).layout)
+    cut = tier.hold(ID_A, BASE[:8], Planes(layout=layout, parts=tuple(parts_for(BASE[:8]))))
+    layout["extra"].append(3)
+    assert cut.layout["extra"] == [1, 2]
+    with pytest.raises(TypeError):
+        cut.layout["depth"] = 9
+
+
+def test_radix_matches_a_brute_force_model_through_inserts_and_discards():
+    """Branch: edge splits on insert and prunes/folds on discard keep every lookup equal to
+    a brute-force scan of the live cuts (random branching histories, small alphabet)."""
+    rng = random.Random(7)
+    tier = ResidentTier()
+    live = {}  # tokens -> cut
+    for step in range(600):
+        if live and rng.random() < 0.35:
+            tokens = rng.choice(list(live))
+            assert tier.discard(live.pop(tokens))
+        else:
+            n = rng.randint(1, 14)
+            tokens = tuple(rng.choice((1, 2, 3)) for _ in range(n))
+            cut = put(tier, tokens, witnessed=rng.random() < 0.5)
+            live[tokens] = cut
+        for _ in range(4):
+            request = tuple(rng.choice((1, 2, 3)) for _ in range(rng.randint(0, 16)))
+            cap = rng.choice((None, 0, 4, 8, 12))
+            want = None
+            for tokens, cut in live.items():
+                usable = request[: len(tokens)] == tokens and (
+                    (len(tokens) < len(request) and cut.aligned)
+                    or (len(tokens) == len(request) and cut.logits_witnessed)
+                )
+                usable = usable and (cap is None or len(tokens) <= cap)
+                if usable and (want is None or len(tokens) > want.depth):
+                    want = cut
+            assert get(tier, request, cap=cap) is want, (step, request, cap)
+    for cut in list(live.values()):
+        assert tier.discard(cut)
+    assert len(tier) == 0 and tier.scopes() == [] and tier.resident_bytes == 0
+    assert tier._radixes == {}
+
+
+# -- part pool ----------------------------------------------------------------------
+
+
+def test_pool_interns_equal_content_once():
+    """Branch: interning equal bytes returns the same part while it is alive."""
+    pool = PartPool()
+    a = pool.intern(b"x" * 100)
+    b = pool.intern(bytearray(b"x" * 100))
+    c = pool.intern(b"y" * 100)
+    assert a is b and a is not c
+    assert pool.live_parts() == 2 and pool.live_bytes() == 200
+
+
+def test_pool_never_keeps_bytes_alive_on_its_own():
+    """Branch: with no strong holder left, a part is collected and leaves the pool."""
+    pool = PartPool()
+    part = pool.intern(b"z" * 100)
+    ref = weakref.ref(part)
+    del part
+    gc.collect()
+    assert ref() is None
+    assert pool.live_parts() == 0
+
+
+def test_shared_parts_are_one_object_and_counted_once():
+    """Branch: two cuts sharing a prefix share part objects; the budget counts them once."""
+    tier = ResidentTier()
+    short = put(tier, BASE[:8])
+    long = put(tier, BASE[:16])
+    assert short.parts[0][1] is long.parts[0][1]
+    assert short.parts[1][1] is long.parts[1][1]
+    assert tier.resident_bytes == 4 * BLOCK  # blocks 0..3, not 6
+    assert short.estimated_bytes + long.estimated_bytes == 6 * BLOCK
+
+
+def test_a_part_repeated_inside_one_cut_counts_once():
+    """Branch: equal payloads within one cut (say, two all-zero planes) are one part and
+    are accounted once on hold and released exactly on discard."""
+    tier = ResidentTier()
+    zeros = bytes(BLOCK)
+    parts = [("k", zeros), ("v", zeros), ("logits", b"L" * 10)]
+    cut = tier.hold(ID_A, BASE[:4], planes(ID_A, BASE[:4], parts, witnessed=True))
+    assert cut.parts[0][1] is cut.parts[1][1]
+    assert tier.resident_bytes == BLOCK + 10
+    other = put(tier, BASE[:8])
+    assert tier.discard(cut)
+    assert tier.resident_bytes == unique_bytes(other)
+
+
+def test_bytes_freed_when_the_last_cut_holding_them_is_evicted():
+    """Branch: a shared block survives the first holder's eviction and is freed (weakref
+    dead, gone from the pool) once the last resident holder is evicted."""
+    tier = ResidentTier(budget_bytes=1 << 20)
+    put(tier, BASE[:8])
+    put(tier, BASE[:16])
+    first = weakref.ref(get(tier, BASE[:9]).parts[0][1])
+    only_long = weakref.ref(get(tier, BASE[:17]).parts[3][1])
+    gc.collect()
+    assert tier.discard(get(tier, BASE[:9]))
+    gc.collect()
+    assert first() is not None and only_long() is not None
+    assert tier.resident_bytes == 4 * BLOCK
+    tier.set_budget(0)  # evicts the long cut
+    gc.collect()
+    assert first() is None and only_long() is None
+    assert tier.pool.live_parts() == 0 and tier.resident_bytes == 0
+
+
+def test_cut_held_by_a_caller_keeps_its_bytes_after_eviction():
+    """Branch: a cut handed out for a restore stays readable after the tier evicts it,
+    and its bytes stop being accounted to the tier."""
+    tier = ResidentTier()
+    cut = put(tier, BASE[:8])
+    want = parts_for(BASE[:8])
+    tier.clear()
+    gc.collect()
+    assert not tier.contains(cut) and tier.resident_bytes == 0
+    assert parts_of(cut) == want
+    assert tier.pool.live_parts() == 2
+
+
+def test_payload_is_copied_at_hold():
+    """Branch: a caller's mutable buffer changing after hold does not change the cut."""
+    tier = ResidentTier()
+    buf = bytearray(b"a" * 64)
+    cut = tier.hold(ID_A, BASE[:4], planes(ID_A, BASE[:4], [("kv", buf)]))
+    buf[:] = b"b" * 64
+    assert parts_of(cut) == [("kv", b"a" * 64)]
+
+
+# -- LRU byte budget ------------------------------------------------------------------
+
+
+def disjoint(k):
+    """Token lists with nothing in common, so their blocks are disjoint."""
+    return [1000 * (k + 1) + i for i in range(8)]  # two blocks each
+
+
+def test_lru_evicts_least_recently_used_first():
+    """Branch: past the budget the least recently used cut goes; a served hit refreshes
+    it (finding alone does not: find has no side effects)."""
+    tier = ResidentTier(budget_bytes=6 * BLOCK)  # three 2-block cuts
+    a, b, c = (put(tier, disjoint(k)) for k in range(3))
+    ask = Ask.of(ID_A, disjoint(1) + [1])
+    assert tier.find(ask).handle is b  # found, not served: b stays the oldest but one
+    ask = Ask.of(ID_A, disjoint(0) + [1])
+    found = tier.find(ask)
+    assert found.handle is a
+    tier.served(found, ask)  # a is now most recent: b is oldest
+    d = put(tier, disjoint(3))
+    assert [tier.contains(x) for x in (a, b, c, d)] == [True, False, True, True]
+    e = put(tier, disjoint(4))
+    assert [tier.contains(x) for x in (a, c, d, e)] == [True, False, True, True]
+    assert tier.evictions == 2
+    assert tier.resident_bytes == 6 * BLOCK
+
+
+def test_shared_bytes_let_more_cuts_fit():
+    """Branch: the budget counts unique bytes, so cuts sharing blocks fit where copies
+    would not (8 blocks of payload in a 4-block budget)."""
+    tier = ResidentTier(budget_bytes=4 * BLOCK)
+    cuts = [put(tier, BASE[:d]) for d in (4, 8, 12, 16)]
+    assert all(tier.contains(c) for c in cuts)
+    assert sum(c.estimated_bytes for c in cuts) == 10 * BLOCK
+    assert tier.evictions == 0
+
+
+def test_cut_larger_than_budget_is_let_go():
+    """Branch: a cut whose unique bytes exceed the whole budget is not held (None) and
+    evicts nothing."""
+    tier = ResidentTier(budget_bytes=3 * BLOCK)
+    small = put(tier, BASE[:4])
+    assert put(tier, BASE[:16]) is None
+    assert tier.contains(small) and len(tier) == 1 and tier.evictions == 0
+
+
+def test_shrinking_the_budget_evicts_oldest_first():
+    """Branch: set_budget below the held bytes evicts in LRU order until it fits."""
+    tier = ResidentTier()
+    a, b, c = (put(tier, disjoint(k)) for k in range(3))
+    tier.set_budget(4 * BLOCK)
+    assert [tier.contains(x) for x in (a, b, c)] == [False, True, True]
+    assert tier.stats()["resident_bytes"] == 4 * BLOCK
+
+
+def test_default_budget_is_8_gib():
+    """Branch: the default budget is 8 GiB."""
+    assert ResidentTier().budget_bytes == 8 * 1024**3
+
+
+def test_concurrent_inserts_and_lookups_keep_accounting_consistent():
+    """Branch: the lock serialises writers; after concurrent traffic the accounted bytes
+    equal the unique bytes of the cuts actually resident."""
+    tier = ResidentTier(budget_bytes=20 * BLOCK)
+    errors = []
+
+    def worker(seed):
+        rng = random.Random(seed)
+        try:
+            for _ in range(150):
+                tokens = tuple(rng.choice((5, 6)) for _ in range(rng.randint(1, 12)))
+                if rng.random() < 0.5:
+                    put(tier, tokens, identity=rng.choice((ID_A, ID_B)))
+                else:
+                    get(tier, tokens, identity=rng.choice((ID_A, ID_B)))
+        except Exception as e:  # noqa: BLE001 - surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    resident = list(tier._lru)
+    assert tier.resident_bytes == unique_bytes(*resident) <= 20 * BLOCK

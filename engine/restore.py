@@ -17,8 +17,9 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 import mlx.core as mx
 
@@ -31,15 +32,21 @@ from engine.errors import (
     RestoreRefused,
     ShapeMismatch,
 )
-from engine.state import Snapshot
-
-if TYPE_CHECKING:
-    from engine.slots import Slot, SlotPool, SlotState
+from engine.state import PoolShape, SlotState, Snapshot
 
 Mode = Literal["exact", "ancestor"]
 
 
-def restore(slot: Slot, snapshot: Snapshot, *, tokens: Sequence[int], mode: Mode) -> None:
+class Target(Protocol):
+    """A slot to restore into (engine/slots.py's Slot)."""
+
+    pool: PoolShape
+    lock: threading.RLock
+
+    def commit(self, state: SlotState) -> None: ...
+
+
+def restore(slot: Target, snapshot: Snapshot, *, tokens: Sequence[int], mode: Mode) -> None:
     """Make `slot` hold `snapshot` with history `tokens` (its first `depth` tokens, which
     the caller has matched to the cut's token chain). Raises a RestoreRefused, with the
     slot unchanged, when the snapshot does not fit or cannot be built."""
@@ -58,7 +65,7 @@ def restore(slot: Slot, snapshot: Snapshot, *, tokens: Sequence[int], mode: Mode
         slot.commit(state)
 
 
-def gate(pool: SlotPool, snap: Snapshot, *, depth: int, mode: Mode) -> None:
+def gate(pool: PoolShape, snap: Snapshot, *, depth: int, mode: Mode) -> None:
     """Refuse a snapshot that does not fit the pool, the depth or the mode."""
     if snap.identity != pool.identity.digest:
         raise IdentityMismatch(pool.identity.digest, snap.identity)
@@ -77,7 +84,7 @@ def gate(pool: SlotPool, snap: Snapshot, *, depth: int, mode: Mode) -> None:
     codec.gate(pool, snap)
 
 
-def build_shadow(pool: SlotPool, snap: Snapshot, history: list[int]) -> SlotState:
+def build_shadow(pool: PoolShape, snap: Snapshot, history: list[int]) -> SlotState:
     """Fresh caches filled from the snapshot and evaluated; nothing else references them."""
     shadow = pool.fresh_state()
     shadow.tokens = list(history)

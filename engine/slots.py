@@ -29,7 +29,7 @@ from engine import codec, restore
 from engine.errors import EmptySlot, InvalidRequest, LogitsMissing, ShapeMismatch
 from engine.layout import KVLayout, dtype_name
 from engine.sampling import GREEDY, Sampling, draw
-from engine.state import Planes, Snapshot
+from engine.state import Planes, SlotState, Snapshot
 
 if TYPE_CHECKING:
     from engine.identity import Identity
@@ -47,24 +47,6 @@ class Generation:
     tokens: list[int] = field(default_factory=list)
     finish_reason: FinishReason = "length"
     stop_token: int | None = None
-
-
-@dataclass
-class SlotState:
-    """cache, history and witnessed logits of one session; `logits` None = not witnessed.
-
-    `cold` says the state is exactly what a cold aligned prefill of `tokens` computes: only
-    such states may be published as cuts. Decoding ends it (a decoded token's K/V differ in
-    the last bits from the same token prefilled), and so does prefilling on from a
-    non-aligned depth (a cold run would have taken that block in one step)."""
-
-    cache: list[Any]
-    tokens: list[int]
-    logits: mx.array | None
-    cold: bool = True
-
-    def arrays(self) -> list[mx.array]:
-        return cache_arrays(self.cache) + ([self.logits] if self.logits is not None else [])
 
 
 def aligned_steps(start: int, end: int, alignment: int) -> Iterator[tuple[int, int]]:
@@ -129,7 +111,7 @@ class Slot:
         prompt, else "ancestor" (then prefill the rest). Planes are decoded first. Returns
         the installed Snapshot; raises a RestoreRefused with the slot unchanged when the
         cut does not decode or fit — a cut deeper than the prompt is a ShapeMismatch."""
-        snapshot = cut.decode() if isinstance(cut, Planes) else cut
+        snapshot = codec.decode(cut) if isinstance(cut, Planes) else cut
         if snapshot.depth > len(prompt):
             raise ShapeMismatch("depth (prompt tokens)", f"<= {len(prompt)}", snapshot.depth)
         mode: restore.Mode = "exact" if snapshot.depth == len(prompt) else "ancestor"

@@ -1,5 +1,5 @@
 """Codec: how a slot's state becomes a cut (Snapshot), bytes (Planes) and a shadow again.
-Private to the engine: callers use Slot.export, Slot.restore, Snapshot and Planes.
+Private to the engine: callers use Slot.export, Slot.restore and engine/format.py.
 
 - cache kind: one kind of state a slot holds, with one module here and one entry in
   KINDS (in encode order): blocks (full-attention layers, part kind "block"), rings
@@ -31,25 +31,19 @@ Decoding never lets the data choose code: kinds come from KINDS, dtypes from fra
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import mlx.core as mx
 
 from engine.codec import blocks, frame, logits, rings
-from engine.codec.checks import integers
 from engine.errors import EngineError, PlanesInvalid, ShapeMismatch
-from engine.state import Part, Planes, Snapshot
-
-if TYPE_CHECKING:
-    from engine.slots import SlotPool, SlotState
-
-FORMAT = frame.FORMAT
+from engine.state import FORMAT, Part, Planes, PoolShape, SlotState, Snapshot, head
 
 
 class CacheKind(Protocol):
     KIND: str
 
-    def export(self, pool: SlotPool, state: SlotState) -> tuple[dict[str, Any], list[Part]]: ...
+    def export(self, pool: PoolShape, state: SlotState) -> tuple[dict[str, Any], list[Part]]: ...
 
     def entries(self, layout: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]: ...
 
@@ -57,31 +51,17 @@ class CacheKind(Protocol):
         self, role: str, layout_entry: Mapping[str, Any], header: Mapping, arrays: list
     ) -> Part: ...
 
-    def gate(self, pool: SlotPool, snap: Snapshot, parts: Sequence[Part]) -> None: ...
+    def gate(self, pool: PoolShape, snap: Snapshot, parts: Sequence[Part]) -> None: ...
 
     def install(
-        self, pool: SlotPool, snap: Snapshot, parts: Sequence[Part], shadow: SlotState
+        self, pool: PoolShape, snap: Snapshot, parts: Sequence[Part], shadow: SlotState
     ) -> None: ...
 
 
 KINDS: dict[str, CacheKind] = {kind.KIND: kind for kind in (blocks, rings, logits)}
 
 
-def head(layout: Mapping[str, Any]) -> tuple[bytes, int, int]:
-    """(identity digest, depth, alignment) of a layout; PlanesInvalid when it is malformed
-    or of another format."""
-    if not isinstance(layout, Mapping) or layout.get("format") != FORMAT:
-        got = layout.get("format") if isinstance(layout, Mapping) else type(layout).__name__
-        raise PlanesInvalid(None, f"unsupported plane format {got!r} (this engine reads {FORMAT})")
-    integers(None, layout, ("depth", "alignment"))
-    try:
-        identity = bytes.fromhex(layout["identity"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise PlanesInvalid(None, f"malformed identity: {e!r}") from e
-    return identity, layout["depth"], layout["alignment"]
-
-
-def export(pool: SlotPool, state: SlotState) -> Snapshot:
+def export(pool: PoolShape, state: SlotState) -> Snapshot:
     """The cut of a slot's state (not empty): evaluated views, no copies."""
     depth = len(state.tokens)
     offsets = {int(c.offset) for c in state.cache}
@@ -143,7 +123,7 @@ def _of_kind(snap: Snapshot, kind: str) -> tuple[Part, ...]:
     return tuple(p for p in snap.parts if p.kind == kind)
 
 
-def gate(pool: SlotPool, snap: Snapshot) -> None:
+def gate(pool: PoolShape, snap: Snapshot) -> None:
     """Each kind's gate over its parts; a part of no registered kind is refused."""
     for part in snap.parts:
         if part.kind not in KINDS:
@@ -152,7 +132,7 @@ def gate(pool: SlotPool, snap: Snapshot) -> None:
         kind.gate(pool, snap, _of_kind(snap, name))
 
 
-def install(pool: SlotPool, snap: Snapshot, shadow: SlotState) -> None:
+def install(pool: PoolShape, snap: Snapshot, shadow: SlotState) -> None:
     """Each kind fills its share of the shadow from a gated snapshot."""
     for name, kind in KINDS.items():
         kind.install(pool, snap, _of_kind(snap, name), shadow)

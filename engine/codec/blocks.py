@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
@@ -21,19 +21,16 @@ from mlx_lm.models.cache import KVCache
 from engine.codec.checks import entry, expect, integers, listed
 from engine.errors import EngineError, PlanesInvalid, ShapeMismatch
 from engine.layout import LayerKV, dtype_name
-from engine.state import Part, Snapshot
-
-if TYPE_CHECKING:
-    from engine.slots import SlotPool, SlotState
+from engine.state import Part, PoolShape, SlotState, Snapshot
 
 KIND = "block"
 
 
-def _full(pool: SlotPool) -> list[tuple[int, LayerKV]]:
+def _full(pool: PoolShape) -> list[tuple[int, LayerKV]]:
     return [(i, spec) for i, spec in enumerate(pool.layout.layers) if spec.kind == "full"]
 
 
-def export(pool: SlotPool, state: SlotState) -> tuple[dict[str, Any], list[Part]]:
+def export(pool: PoolShape, state: SlotState) -> tuple[dict[str, Any], list[Part]]:
     depth, step = len(state.tokens), pool.alignment
     caches = [state.cache[i] for i, _ in _full(pool)]
     capacities = {int(c.keys.shape[2]) for c in caches}
@@ -71,7 +68,7 @@ def decode(role: str, layout_entry: Mapping[str, Any], header: Mapping, arrays: 
     return Part(role, tuple(arrays), {"index": index, "length": length})
 
 
-def gate(pool: SlotPool, snap: Snapshot, parts: Sequence[Part]) -> None:
+def gate(pool: PoolShape, snap: Snapshot, parts: Sequence[Part]) -> None:
     full = [spec for _, spec in _full(pool)]
     depth, alignment, dtype = snap.depth, snap.alignment, pool.layout.dtype
     expect("block count", -(-depth // alignment), len(parts))
@@ -94,7 +91,7 @@ def gate(pool: SlotPool, snap: Snapshot, parts: Sequence[Part]) -> None:
         raise ShapeMismatch("capacity", f"[{depth}, {depth + KVCache.step})", capacity)
 
 
-def install(pool: SlotPool, snap: Snapshot, parts: Sequence[Part], shadow: SlotState) -> None:
+def install(pool: PoolShape, snap: Snapshot, parts: Sequence[Part], shadow: SlotState) -> None:
     full = _full(pool)
     depth, capacity = snap.depth, snap.layout["capacity"]
     for j, (layer, _) in enumerate(full):

@@ -11,34 +11,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
-
-import mlx.core as mx
+from typing import Any
 
 from engine.codec.checks import entry, expect
 from engine.errors import PlanesInvalid
 from engine.layout import dtype_name
-from engine.state import Part, Snapshot
+from engine.state import LOGITS, Part, PoolShape, SlotState, Snapshot
 
-if TYPE_CHECKING:
-    from engine.slots import SlotPool, SlotState
-
-KIND = "logits"
+KIND = LOGITS
 
 
-def of(snap: Snapshot) -> mx.array | None:
-    """The cut's logits; None when they were not witnessed."""
-    return next((p.arrays[0] for p in snap.parts if p.kind == KIND), None)
-
-
-def witnessed(layout: Mapping[str, Any]) -> bool:
-    """Whether a layout records witnessed logits; PlanesInvalid when it cannot say."""
-    if not isinstance(layout, Mapping) or "logits" not in layout:
-        raise PlanesInvalid(None, "layout has no logits entry")
-    return layout["logits"] is not None
-
-
-def export(pool: SlotPool, state: SlotState) -> tuple[dict[str, Any], list[Part]]:
+def export(pool: PoolShape, state: SlotState) -> tuple[dict[str, Any], list[Part]]:
     if state.logits is None:
         return {"logits": None}, []
     layout = {"role": KIND, "vocab": int(state.logits.shape[0])}
@@ -46,7 +29,9 @@ def export(pool: SlotPool, state: SlotState) -> tuple[dict[str, Any], list[Part]
 
 
 def entries(layout: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
-    if not witnessed(layout):
+    if not isinstance(layout, Mapping) or KIND not in layout:
+        raise PlanesInvalid(None, "layout has no logits entry")
+    if layout[KIND] is None:
         return []
     recorded = entry(layout["logits"], "vocab")
     return [(recorded["role"], recorded)]
@@ -58,7 +43,7 @@ def decode(role: str, layout_entry: Mapping[str, Any], header: Mapping, arrays: 
     return Part(role, (arrays[0],), {})
 
 
-def gate(pool: SlotPool, snap: Snapshot, parts: Sequence[Part]) -> None:
+def gate(pool: PoolShape, snap: Snapshot, parts: Sequence[Part]) -> None:
     recorded = snap.layout["logits"]
     expect("logits parts", 0 if recorded is None else 1, len(parts))
     if not parts:
@@ -71,5 +56,5 @@ def gate(pool: SlotPool, snap: Snapshot, parts: Sequence[Part]) -> None:
     expect("logits dtype", dtype_name(pool.logits_dtype), dtype_name(logits.dtype))
 
 
-def install(pool: SlotPool, snap: Snapshot, parts: Sequence[Part], shadow: SlotState) -> None:
+def install(pool: PoolShape, snap: Snapshot, parts: Sequence[Part], shadow: SlotState) -> None:
     shadow.logits = parts[0].arrays[0] if parts else None

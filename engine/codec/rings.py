@@ -16,7 +16,7 @@ rotation of the same positions would change the bits.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import RotatingKVCache
@@ -24,20 +24,17 @@ from mlx_lm.models.cache import RotatingKVCache
 from engine.codec.checks import entry, expect, integers, listed
 from engine.errors import PlanesInvalid, ShapeMismatch
 from engine.layout import LayerKV, dtype_name
-from engine.state import Part, Snapshot
-
-if TYPE_CHECKING:
-    from engine.slots import SlotPool, SlotState
+from engine.state import Part, PoolShape, SlotState, Snapshot
 
 KIND = "ring"
 RING_FIELDS = ("layer", "offset", "idx", "window", "keep", "size")
 
 
-def _sliding(pool: SlotPool) -> list[tuple[int, LayerKV]]:
+def _sliding(pool: PoolShape) -> list[tuple[int, LayerKV]]:
     return [(i, spec) for i, spec in enumerate(pool.layout.layers) if spec.kind == "sliding"]
 
 
-def export(pool: SlotPool, state: SlotState) -> tuple[dict[str, Any], list[Part]]:
+def export(pool: PoolShape, state: SlotState) -> tuple[dict[str, Any], list[Part]]:
     layers = [i for i, _ in _sliding(pool)]
     if not layers:
         return {"ring": None}, []
@@ -75,7 +72,7 @@ def decode(role: str, layout_entry: Mapping[str, Any], header: Mapping, arrays: 
     return Part(role, tuple(arrays), {"layers": layers})
 
 
-def gate(pool: SlotPool, snap: Snapshot, parts: Sequence[Part]) -> None:
+def gate(pool: PoolShape, snap: Snapshot, parts: Sequence[Part]) -> None:
     sliding = _sliding(pool)
     recorded = snap.layout["ring"]
     rings = list(recorded["layers"]) if recorded is not None else []
@@ -120,7 +117,7 @@ def _gate_ring(
         raise ShapeMismatch(f"{where} write index", f"({keep}, {size}]", idx)
 
 
-def install(pool: SlotPool, snap: Snapshot, parts: Sequence[Part], shadow: SlotState) -> None:
+def install(pool: PoolShape, snap: Snapshot, parts: Sequence[Part], shadow: SlotState) -> None:
     if not parts:
         return
     (part,) = parts

@@ -52,6 +52,7 @@ from catalog.signing import (
 )
 from catalog.statement import Statement, StatementInvalid, decode
 from engine.errors import RestoreRefused
+from engine.format import decode as decode_planes
 from engine.state import Planes
 from kvpack.accounting.counters import Accounting
 from kvpack.remote.peers import Peer
@@ -350,7 +351,7 @@ def _check_planes(s: Statement, data: bytes, ask: Ask) -> Planes:
         offset += claim.size
     planes = Planes(layout=dict(s.layout), parts=tuple(parts))
     try:
-        cut = planes.decode()
+        cut = decode_planes(planes)
     except RestoreRefused as e:
         raise Refused(f"planes do not decode: {e}") from None
     if cut.identity != ask.scope.identity.raw or cut.depth != s.depth:

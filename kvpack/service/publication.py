@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from catalog.scope import Scope
+from engine.format import encode
 from engine.state import Snapshot
 from kvpack.background import Background
 from kvpack.tiers.resident import ResidentTier
@@ -45,7 +46,7 @@ class Publication:
         tokens = tuple(tokens)
 
         def job() -> None:
-            planes = snap.planes()
+            planes = encode(snap)
             if resident:
                 self.resident.hold(scope, tokens, planes)
             if durable:

@@ -31,6 +31,7 @@ from types import MappingProxyType
 from typing import Any
 
 from catalog.scope import Scope
+from engine.format import encode
 from engine.state import Planes, Snapshot
 from kvpack.tiers.base import Ask, Candidate, Loaded, TierName
 from kvpack.tiers.radix import InternedPart, PartPool, Radix
@@ -164,7 +165,7 @@ class ResidentTier:
         hits).
         """
         toks = _check_tokens(tokens)
-        planes = cut.planes() if isinstance(cut, Snapshot) else cut
+        planes = encode(cut) if isinstance(cut, Snapshot) else cut
         if planes.depth != len(toks):
             raise ResidentInputError("tokens", f"{len(toks)} tokens for a cut of {planes.depth}")
         held = ResidentCut(

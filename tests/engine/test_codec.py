@@ -13,6 +13,7 @@ import engine.restore as restore_mod
 from engine import codec
 from engine.codec import frame
 from engine.errors import PlanesInvalid, ShapeMismatch
+from engine.format import decode, encode
 from engine.state import Part, Planes
 from tests.engine.slotkit import (
     PROMPT,
@@ -45,7 +46,7 @@ def test_planes_read_their_layout():
     of the parts' lengths; a layout of another format or with a malformed identity is
     PlanesInvalid on first read."""
     pool = tiny_pool(1)
-    planes = cold(pool, PROMPT[:70]).export().planes()
+    planes = encode(cold(pool, PROMPT[:70]).export())
     assert (planes.identity, planes.depth, planes.logits_witnessed) == (
         pool.identity.digest,
         70,
@@ -71,8 +72,8 @@ def test_blocks_serialize_deterministically():
     """Snapshot.planes: the same prefix gives byte-identical block parts — from a deeper cut
     of the same session and from a cold run in another pool — so blocks dedup."""
     p1, p2 = tiny_pool(1), tiny_pool(1)
-    short = dict(cold(p1, PROMPT[:150], 0).export().planes().parts)
-    deep = cold(p2, PROMPT, 0).export().planes()
+    short = dict(encode(cold(p1, PROMPT[:150], 0).export()).parts)
+    deep = encode(cold(p2, PROMPT, 0).export())
     assert short["block/0"] == dict(deep.parts)["block/0"]
     assert short["block/1"] == dict(deep.parts)["block/1"]
     assert short["block/2"] != dict(deep.parts)["block/2"]  # partial block of 22 vs a whole one
@@ -82,9 +83,9 @@ def test_blocks_serialize_deterministically():
 def test_decode_orders_parts_by_the_layout():
     """Planes.decode: parts given in any order come back in the layout's (encode) order and
     re-encode to the same bytes."""
-    planes = cold(tiny_pool(1), PROMPT).export().planes()
+    planes = encode(cold(tiny_pool(1), PROMPT).export())
     shuffled = Planes(planes.layout, tuple(reversed(planes.parts)))
-    assert shuffled.decode().planes() == planes
+    assert encode(decode(shuffled)) == planes
 
 
 def _damaged(planes: Planes, damage: str) -> Planes:
@@ -155,7 +156,7 @@ def test_malformed_planes_are_refused(damage):
     v = victim()
     before = v.slot.state
     with pytest.raises(PlanesInvalid):
-        v.slot.restore(_damaged(v.snap.planes(), damage), prompt=v.tokens)
+        v.slot.restore(_damaged(encode(v.snap), damage), prompt=v.tokens)
     v.assert_untouched(before)
 
 
@@ -164,7 +165,7 @@ def test_registry_refuses_an_unknown_part_kind(monkeypatch):
     the layout lists it and its bytes are a valid frame of that kind (PlanesInvalid), and by
     the gate for a Snapshot in memory (ShapeMismatch, before any shadow is built)."""
     v = victim()
-    planes = v.snap.planes()
+    planes = encode(v.snap)
     ssm = frame.encode_part("ssm", [mx.zeros((2, 4))])
     layout = {**planes.layout, "blocks": [{**planes.layout["blocks"][0], "role": "ssm/0"}]}
     layout["blocks"] += planes.layout["blocks"][1:]
@@ -285,7 +286,7 @@ def test_wrong_ring_offset_through_the_layout_is_refused():
     """gate ring offset via planes: an offset edited in the layout (the manifest's ring
     metadata) decodes fine but is refused by the rings' gate; the slot is unchanged."""
     v = victim()
-    planes = v.snap.planes()
+    planes = encode(v.snap)
     layout = edit_layout(v.snap, lambda layout: layout["ring"]["layers"][1].update(offset=1))
     before = v.slot.state
     with pytest.raises(ShapeMismatch, match="ring of layer 2 offset"):

@@ -19,7 +19,8 @@ import json
 import mlx.core as mx
 
 from engine.codec import frame
-from engine.slots import SlotState
+from engine.format import encode
+from engine.state import SlotState
 from tests.engine.slotkit import cold, physical, prompt, tiny_pool
 
 STEPS = (64, 64, 22, 1, 1, 1, 1, 1, 1, 1)  # two aligned blocks, a partial one, 7 decodes
@@ -50,7 +51,7 @@ def synthetic_slot():
 
 
 def encoded(slot):
-    planes = slot.export().planes()
+    planes = encode(slot.export())
     return dict(planes.layout), list(planes.parts)
 
 
@@ -105,7 +106,7 @@ def test_golden_planes_restore_the_cache_they_were_cut_from():
     synthetic cache byte for byte (rotation, capacity, offsets), its history and logits."""
     pool, slot = synthetic_slot()
     other = pool.slot(1)
-    other.restore(slot.export().planes(), prompt=slot.tokens)
+    other.restore(encode(slot.export()), prompt=slot.tokens)
     assert physical(other) == physical(slot)
     assert other.tokens == slot.tokens
     assert bytes(memoryview(other.logits)) == bytes(memoryview(slot.logits))

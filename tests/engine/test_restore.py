@@ -20,6 +20,7 @@ from engine.errors import (
     RestoreRefused,
     ShapeMismatch,
 )
+from engine.format import encode
 from engine.restore import restore
 from engine.state import Planes, Snapshot
 from tests.engine.slotkit import (
@@ -54,7 +55,7 @@ def test_exact_restore_is_bit_identical(decoded, decode_first):
         assert ring["idx"] < ring["size"] == WINDOW  # really rotated: the test needs it
     dst = tiny_pool(2).slot(1)
     dst.prefill(prompt(50, seed=9))  # holds something else first
-    dst.restore(snap.planes() if decoded else snap, prompt=a.tokens)
+    dst.restore(encode(snap) if decoded else snap, prompt=a.tokens)
     assert dst.tokens == a.tokens
     assert physical(dst) == physical(a)  # same rotation, same capacity, same bytes
     assert continue_greedy(dst) == continue_greedy(a)
@@ -74,7 +75,7 @@ def test_aligned_ancestor_then_prefill_is_bit_identical_to_cold(decoded, cut):
     src.prefill(other, on_boundary=lambda d: cuts.setdefault(d, src.export()))
     pool = tiny_pool(2)
     b = pool.slot(1)
-    b.restore(cuts[cut].planes() if decoded else cuts[cut], prompt=whole)
+    b.restore(encode(cuts[cut]) if decoded else cuts[cut], prompt=whole)
     assert b.depth == cut
     b.prefill(whole[cut:])
     c = cold(pool, whole, 0)
@@ -89,10 +90,10 @@ def test_planes_and_snapshot_restore_the_same_bits_and_return_the_installed_cut(
     pool = tiny_pool(3)
     a = cold(pool, PROMPT, 0)
     snap = a.export()
-    planes = snap.planes()
+    planes = encode(snap)
     assert pool.slot(1).restore(snap, prompt=a.tokens) is snap
     installed = pool.slot(2).restore(planes, prompt=a.tokens)
-    assert installed.planes() == planes
+    assert encode(installed) == planes
     assert physical(pool.slot(1)) == physical(pool.slot(2)) == physical(a)
     assert continue_greedy(pool.slot(1)) == continue_greedy(pool.slot(2))
 
@@ -103,7 +104,7 @@ def test_logitless_cut_refuses_exact_but_serves_as_ancestor():
     as an ancestor, must prefill before decoding, and then matches a cold run."""
     pool = tiny_pool(3)
     cut = 2 * TINY_A
-    planes = drop_logits(cold(pool, PROMPT[:cut], 0).export()).planes()
+    planes = encode(drop_logits(cold(pool, PROMPT[:cut], 0).export()))
     assert planes.layout["logits"] is None and not planes.logits_witnessed
     assert [r for r, _ in planes.parts if r == "logits"] == []
     slot = cold(pool, prompt(40, seed=4), 1)
@@ -143,7 +144,7 @@ def test_other_identity_is_refused_before_anything_is_built(monkeypatch):
     """gate identity: planes made under another identity (another namespace salt) raise
     IdentityMismatch before a shadow is built."""
     foreign = tiny_pool(1, namespace="other-tenant")
-    planes = cold(foreign, PROMPT[:128], 0).export().planes()
+    planes = encode(cold(foreign, PROMPT[:128], 0).export())
     pool = tiny_pool(1)
     assert planes.identity == foreign.identity.digest != pool.identity.digest
     built: list[str] = []
@@ -207,7 +208,7 @@ def test_flipped_byte_in_a_plane_is_refused(where):
     """Slot.restore(Planes): one flipped bit anywhere in a part (float payload, JSON header,
     stored digest) raises PlaneCorrupt naming the part; nothing reaches the slot."""
     v = victim()
-    planes = v.snap.planes()
+    planes = encode(v.snap)
     parts = list(planes.parts)
     role, data = parts[1]
     hlen = int.from_bytes(data[6:10], "little")

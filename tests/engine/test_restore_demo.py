@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from engine.format import encode
 from engine.slots import SlotPool
 from tests.engine.slotkit import Continuation, continue_greedy, physical
 
@@ -51,7 +52,7 @@ def test_demo_exact_restore_is_bit_identical(demo):
     tokens (with the logits after each) as the uninterrupted session."""
     b = demo.pool.slot(1)
     b.reset()
-    b.restore(demo.exact.planes(), prompt=demo.tokens)
+    b.restore(encode(demo.exact), prompt=demo.tokens)
     assert physical(b) == demo.cold
     assert continue_greedy(b, 32) == demo.ref
 
@@ -63,7 +64,7 @@ def test_demo_aligned_ancestor_is_bit_identical_to_cold(demo):
     tokens checked; equal state decides the rest)."""
     b = demo.pool.slot(1)
     b.reset()
-    b.restore(demo.cut.planes(), prompt=demo.tokens)
+    b.restore(encode(demo.cut), prompt=demo.tokens)
     b.prefill(demo.tokens[A:])
     assert physical(b) == demo.cold
     head = Continuation(demo.ref.logits[:5], demo.ref.tokens[:4], "length")

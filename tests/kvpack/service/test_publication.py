@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+from engine.format import encode
 from engine.models import load_model
 from engine.slots import SlotPool
 from kvpack.background import Background
@@ -54,7 +55,7 @@ class PeerThatPromotes:
         loaded = load_model("tiny", alignment=TINY_A, namespace="default")
         slot = SlotPool(loaded, num_slots=1).slot(0)
         slot.prefill(list(ask.tokens))
-        planes = slot.export().planes()
+        planes = encode(slot.export())
         self.svc.vault.publish(
             ask.scope, ask.tokens, layout=planes.layout, parts=planes.parts,
             logits_witnessed=True,

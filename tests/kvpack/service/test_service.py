@@ -11,6 +11,7 @@ from sqlalchemy import create_engine
 
 from cas.layout import object_key
 from catalog import queries
+from engine.format import encode
 from engine.state import Planes
 from kvpack.service.service import Completion, CompletionRequest, Service
 from kvpack.tiers.base import Ask
@@ -160,7 +161,7 @@ def test_exact_hit_needs_witnessed_logits(settings, open_service):
     def publish(depth: int, *, logits: bool) -> None:
         slot.reset()
         slot.prefill(P[:depth])
-        planes = slot.export().planes()
+        planes = encode(slot.export())
         if not logits:  # the same cut as a logit-less one: no logits part, none in the layout
             planes = Planes(
                 layout={**planes.layout, "logits": None},
@@ -208,7 +209,7 @@ def test_identity_swap_rescopes_and_wrong_identity_is_unreachable(settings, open
     slot = mine.pool.slot(0)
     slot.reset()
     slot.prefill(fresh)
-    planes = slot.export().planes()  # identity "default" inside the planes
+    planes = encode(slot.export())  # identity "default" inside the planes
     svc.resident.hold(theirs.scope, fresh, planes)
     svc.vault.publish(
         theirs.scope,

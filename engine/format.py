@@ -1,0 +1,24 @@
+"""The engine's plane format, from outside: a Snapshot to Planes and back.
+
+The vault stores what `encode` returns and hands back what it stored; `decode` is
+strict (PlanesInvalid / PlaneCorrupt on anything `encode` would not have written).
+Shapes are checked against a model later, by the restore's gate (Slot.restore). How a
+cut is laid out is the codec's business (engine/codec/, private to the engine).
+
+`encode` is the one copy out of MLX memory; `decode` the one copy in.
+"""
+
+from __future__ import annotations
+
+from engine import codec
+from engine.state import Planes, Snapshot
+
+
+def encode(snapshot: Snapshot) -> Planes:
+    """One frame per part, in the snapshot's order; the layout travels as it is."""
+    return codec.encode(snapshot)
+
+
+def decode(planes: Planes) -> Snapshot:
+    """The Snapshot that `encode` produced; PlanesInvalid / PlaneCorrupt otherwise."""
+    return codec.decode(planes)

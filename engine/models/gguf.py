@@ -192,4 +192,5 @@ def load_gguf(
         alignment=alignment,
         namespace=namespace,
         adapter=adapter,
+        path=Path(path).resolve(),
     )

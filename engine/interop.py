@@ -99,6 +99,10 @@ def from_mlx_lm(
     Raises a RestoreRefused (ShapeMismatch, LogitsMissing...) when the caches are not the
     model's cache types, hold another depth or batch, or do not fit its layout."""
     history = pool.check_tokens(tokens)
+    if not history:
+        raise ShapeMismatch("depth (tokens given)", "> 0", 0)
+    if logits is not None and logits.ndim != 1:
+        raise ShapeMismatch("logits shape", (pool.vocab_size,), tuple(logits.shape))
     fresh = pool.loaded.make_cache()
     if len(caches) != len(fresh):
         raise ShapeMismatch("caches (one per layer)", len(fresh), len(caches))

@@ -165,10 +165,11 @@ def _prefilled(model, tokens, caches=None):
 
 
 def test_from_mlx_lm_refuses_caches_that_do_not_fit(tiny_models):
-    """Wrong layer count, all-rotating caches (as max_kv_size makes), a quantized KV cache, a batch
-    of two, another depth than the tokens, a non-aligned cut without logits, logits of the
-    wrong shape, a whole prompt in one step (its ring is too long for aligned steps) and
-    the caches of the bfloat16 copy: each a RestoreRefused, the engine's own errors."""
+    """Wrong layer count, all-rotating caches (as max_kv_size makes), a quantized KV
+    cache, a batch of two, another depth than the tokens, no tokens at all, a non-aligned
+    cut without logits, logits of the wrong shape (or a scalar), a whole prompt in one step
+    (its ring is too long for aligned steps) and the caches of the bfloat16 copy: each a
+    RestoreRefused, the errors a restore raises."""
     s = side(tiny_models["float32"])
     p = PROMPT[:150]
     caches, logits = _prefilled(s.model, p)
@@ -190,6 +191,8 @@ def test_from_mlx_lm_refuses_caches_that_do_not_fit(tiny_models):
         "depth": (caches, p[:-1], logits, ShapeMismatch),
         "unaligned, no logits": (caches, p, None, RestoreRefused),
         "logits shape": (caches, p, logits[None], ShapeMismatch),
+        "logits scalar": (caches, p, logits[0], ShapeMismatch),
+        "no tokens": (make_prompt_cache(s.model), [], None, ShapeMismatch),
         "one step": (one_step, p, logits, ShapeMismatch),
         "dtype": (half, p, half_logits, ShapeMismatch),
     }

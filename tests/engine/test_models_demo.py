@@ -33,7 +33,7 @@ def demo(demo_models, tmp_path_factory):
         mp.setenv("KVPACK_CACHE_DIR", str(tmp_path_factory.mktemp("kvpack-cache")))
         models = {v: load_model(str(demo_models[v]), alignment=A) for v in DEMO_VARIANTS}
         tokens = models["float32"].tokenizer.apply_chat_template(QUESTION)
-        yield SimpleNamespace(models=models, dirs=demo_models, tokens=tokens, mp=mp)
+        yield SimpleNamespace(models=models, dirs=demo_models, tokens=tokens)
 
 
 def test_the_directory_copy_is_the_gguf_model(demo):

@@ -97,7 +97,9 @@ def from_mlx_lm(
     `logits`: the final position's logits ([vocab], e.g. what prefill_aligned returns),
     when witnessed; without them the cut must be aligned (an ancestor, never an exact hit).
     Raises a RestoreRefused (ShapeMismatch, LogitsMissing...) when the caches are not the
-    model's cache types, hold another depth or batch, or do not fit its layout."""
+    model's cache types, hold another depth or batch, or do not fit its layout. The gate
+    sees shapes, not values: the caches must come from the pool's own weights, filled by
+    prefill_aligned, for the cut to be what a cold engine run computes."""
     history = pool.check_tokens(tokens)
     if not history:
         raise ShapeMismatch("depth (tokens given)", "> 0", 0)

@@ -6,6 +6,14 @@ Components (all from content, never from names):
 - kv_layout: layers, which slide and their window, kv heads, head dim, dtype,
 - rope / scalars: rope theta, order, scaling; norm eps, attention scale, softcaps,
 - model_args: the architecture's full configuration,
+- quantization: how the model's modules are quantized, read from the built modules (not
+  the config): each distinct (module type, bits, group size, mode) with its count — so a
+  4-bit and an 8-bit copy of one model, or one file quantized two ways at load, never
+  share an identity (absent for an unquantized model),
+- dtypes: the dtypes of the parameters ("weights", packed integers included) and of the
+  logits ("logits"); the activations' dtype is the kv_layout's (what the cache stores).
+  Absent when every weight and the logits are of the kv_layout's dtype, so the
+  identities of float32 models are what they were before these two components existed,
 - compute: device, BLAS (library, version, kernel family) and MLX version — the things
   that round differently, so a state computed elsewhere would not continue bit-identically,
 - alignment (A, the token count of a block), pack_format, namespace (the tenant salt).
@@ -24,6 +32,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,15 +41,17 @@ from typing import Any
 import blake3
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from engine import blas
 from engine.errors import InvalidRequest
-from engine.layout import KVLayout
+from engine.layout import KVLayout, dtype_name
 from engine.tokenizer import Tokenizer
 
 # Version of the plane/pack encoding (engine/codec/); a new encoding is a new identity.
 PACK_FORMAT_VERSION = 1
 NO_ADAPTER = "none"
+NOT_QUANTIZED = "none"
 _DOMAIN = b"kvpack.identity.v1\0"
 _HASH_BLOCK = 1 << 22
 
@@ -138,6 +149,41 @@ def model_settings(model: nn.Module) -> tuple[dict[str, Any], dict[str, Any], di
     return model_args, rope, scalars
 
 
+def quantization_of(model: nn.Module) -> list[dict[str, Any]] | str:
+    """Each distinct quantization of the model's modules with how many modules use it."""
+    counts: Counter[tuple[str, int, int, str]] = Counter()
+    for _, module in model.named_modules():
+        bits, group_size = getattr(module, "bits", None), getattr(module, "group_size", None)
+        if isinstance(bits, int) and isinstance(group_size, int):
+            mode = str(getattr(module, "mode", "affine"))
+            counts[(type(module).__name__, bits, group_size, mode)] += 1
+    if not counts:
+        return NOT_QUANTIZED
+    return [
+        {"module": kind, "bits": bits, "group_size": group, "mode": mode, "count": n}
+        for (kind, bits, group, mode), n in sorted(counts.items())
+    ]
+
+
+def weight_dtypes(model: nn.Module) -> list[str]:
+    return sorted({dtype_name(p.dtype) for _, p in tree_flatten(model.parameters())})
+
+
+def precision(model: nn.Module, layout: KVLayout, logits_dtype: str) -> dict[str, Any]:
+    """The "quantization" and "dtypes" components, each only when it says more than the
+    KV layout's dtype already does: an unquantized model whose weights and logits are all
+    of that dtype (the float32 models kvpack has always served) keeps the identity it had
+    before these components existed, so the cuts its vaults hold stay reachable."""
+    out: dict[str, Any] = {}
+    quantization = quantization_of(model)
+    if quantization != NOT_QUANTIZED:
+        out["quantization"] = quantization
+    dtypes = {"weights": weight_dtypes(model), "logits": logits_dtype}
+    if dtypes != {"weights": [layout.dtype], "logits": layout.dtype}:
+        out["dtypes"] = dtypes
+    return out
+
+
 def compute_fingerprint() -> dict[str, str]:
     """Device, BLAS and MLX version of this process (see engine/blas.py)."""
     return {
@@ -155,10 +201,12 @@ def build_identity(
     layout: KVLayout,
     alignment: int,
     namespace: str,
+    logits_dtype: str,
     adapter_digest: bytes | None = None,
     pack_format: int = PACK_FORMAT_VERSION,
     compute: Mapping[str, str] | None = None,
 ) -> Identity:
+    """`logits_dtype`: what the model's forward returns (engine.models measures it)."""
     if not isinstance(alignment, int) or alignment <= 0:
         raise InvalidRequest("alignment", f"must be a positive int, got {alignment!r}")
     _check_namespace(namespace)
@@ -173,6 +221,7 @@ def build_identity(
             "rope": rope,
             "scalars": scalars,
             "model_args": model_args,
+            **precision(model, layout, logits_dtype),
             "compute": dict(compute) if compute is not None else compute_fingerprint(),
             "alignment": alignment,
             "pack_format": pack_format,

@@ -55,12 +55,7 @@ def restore(slot: Target, snapshot: Snapshot, *, tokens: Sequence[int], mode: Mo
         raise InvalidRequest("mode", f"must be 'exact' or 'ancestor', got {mode!r}")
     history = pool.check_tokens(tokens)
     gate(pool, snapshot, depth=len(history), mode=mode)
-    try:
-        state = build_shadow(pool, snapshot, history)
-    except RestoreRefused:
-        raise
-    except Exception as e:  # noqa: BLE001 - any failure before the swap is a refusal
-        raise InstallFailed("shadow", e) from e
+    state = build_shadow(pool, snapshot, history)
     with slot.lock:
         slot.commit(state)
 
@@ -85,9 +80,15 @@ def gate(pool: PoolShape, snap: Snapshot, *, depth: int, mode: Mode) -> None:
 
 
 def build_shadow(pool: PoolShape, snap: Snapshot, history: list[int]) -> SlotState:
-    """Fresh caches filled from the snapshot and evaluated; nothing else references them."""
-    shadow = pool.fresh_state()
-    shadow.tokens = list(history)
-    codec.install(pool, snap, shadow)
-    mx.eval(shadow.arrays())
+    """Fresh caches filled from a gated snapshot and evaluated; nothing else references
+    them. Any failure is a RestoreRefused (InstallFailed unless it already is one)."""
+    try:
+        shadow = pool.fresh_state()
+        shadow.tokens = list(history)
+        codec.install(pool, snap, shadow)
+        mx.eval(shadow.arrays())
+    except RestoreRefused:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure before the swap is a refusal
+        raise InstallFailed("shadow", e) from e
     return shadow

@@ -22,6 +22,7 @@ from mlx_lm.models import llama
 
 from engine.identity import WeightDigests
 from engine.models.errors import ModelLoadError, UnsupportedModel
+from engine.models.loaded import assemble
 from engine.tokenizer import FastTokenizer, byte_level_bpe
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -160,8 +161,6 @@ def load_gguf(
     digests: WeightDigests | None = None,
     adapter: str | Path | None = None,
 ):
-    from engine.models import assemble
-
     spec = str(path)
     try:
         tensors, meta = mx.load(spec, return_metadata=True)
@@ -192,4 +191,5 @@ def load_gguf(
         alignment=alignment,
         namespace=namespace,
         adapter=adapter,
+        path=Path(path).resolve(),
     )

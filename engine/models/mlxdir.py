@@ -17,6 +17,7 @@ from mlx_lm.utils import load_model as mlx_lm_load_model
 
 from engine.identity import WeightDigests
 from engine.models.errors import ModelLoadError, UnsupportedModel
+from engine.models.loaded import assemble
 from engine.tokenizer import FastTokenizer
 
 
@@ -72,13 +73,12 @@ def dir_tokenizer(path: Path, config: dict[str, Any]) -> FastTokenizer:
 def load_model_dir(
     path: Path,
     *,
+    name: str | None = None,
     alignment: int,
     namespace: str,
     digests: WeightDigests | None = None,
     adapter: str | Path | None = None,
 ):
-    from engine.models import assemble
-
     path = Path(path).resolve()
     spec = str(path)
     if not (path / "config.json").is_file():
@@ -92,11 +92,12 @@ def load_model_dir(
         raise UnsupportedModel(spec, f"mlx-lm cannot build it: {e}") from e
     tokenizer = dir_tokenizer(path, config)
     return assemble(
-        name=path.name,
+        name=name or path.name,
         model=model,
         tokenizer=tokenizer,
         weights_digest=(digests or WeightDigests()).files_digest(weight_files, root=path),
         alignment=alignment,
         namespace=namespace,
         adapter=adapter,
+        path=path,
     )

@@ -12,6 +12,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from engine.format import encode
 from engine.models import load_model
 from engine.slots import Slot, SlotPool
 from engine.state import Snapshot
@@ -140,3 +141,30 @@ def victim() -> Victim:
     a = cold(pool, PROMPT, 0)
     a.generate(max_tokens=3, stop=())
     return Victim(pool, slot, a.export(), a.tokens, expected)
+
+
+def assert_reuse_is_bit_identical(pool: SlotPool, tokens: list[int], *, ancestor: int, steps: int):
+    """Cold prefill of `tokens` in slot 0, exporting the aligned cut at `ancestor` as it
+    passes; then, in slot 1, the exact cut and the ancestor (+ prefill of the rest), each
+    through its planes: both leave the cold run's cache bytes and continue like it for
+    `steps` greedy tokens (logits bytes after each). Returns the exact cut's planes."""
+    assert ancestor % pool.alignment == 0 and 0 < ancestor < len(tokens)
+    cuts: dict[int, Snapshot] = {}
+    a = pool.slot(0)
+    a.reset()
+    a.prefill(tokens, on_boundary=lambda d: cuts.setdefault(d, a.export()))
+    exact = encode(a.export())
+    state = physical(a)
+    reference = continue_greedy(a, steps)
+    b = pool.slot(1)
+    b.reset()
+    b.restore(exact, prompt=tokens)
+    assert physical(b) == state
+    assert continue_greedy(b, steps) == reference
+    b.reset()
+    b.restore(encode(cuts[ancestor]), prompt=tokens)
+    assert b.depth == ancestor
+    b.prefill(tokens[ancestor:])
+    assert physical(b) == state
+    assert continue_greedy(b, steps) == reference
+    return exact

@@ -39,6 +39,7 @@ def _base(**overrides):
         layout=tiny.layout,
         alignment=256,
         namespace="default",
+        logits_dtype="float32",
         adapter_digest=None,
     )
     return build_identity(**{**kwargs, **overrides})

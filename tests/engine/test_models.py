@@ -132,9 +132,13 @@ def test_model_directory_roundtrip(tmp_path):
 
 
 def test_bad_specs_are_typed_errors(tmp_path):
-    """Unknown names, directories without config or weights, and a non-GGUF .gguf file."""
+    """Unknown names, files that are no model, directories without config or weights, and
+    a non-GGUF .gguf file. (Repo ids missing from the cache: tests/engine/test_hub.py.)"""
     with pytest.raises(UnknownModelSpec):
-        load_model("meta-llama/Llama-3-8B")  # looks like a hub id: never downloaded
+        load_model("no-such-model")
+    (tmp_path / "notes.txt").write_text("not a model")
+    with pytest.raises(UnknownModelSpec, match="neither a model directory nor a .gguf"):
+        load_model(str(tmp_path / "notes.txt"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelLoadError, match="no config.json"):
         load_model(str(tmp_path / "empty"))

@@ -48,6 +48,7 @@ DEFAULT_DATA_DIR = Path("~/.kvpack")
 DEFAULT_ALIGNMENT = 256
 DEFAULT_PEER_TIMEOUT_S = 10.0
 DEFAULT_S3_REGION = "us-east-1"
+DEFAULT_DRAIN_TIMEOUT_S = 30.0
 PRODUCER_FILE = "producer-id"
 
 
@@ -74,6 +75,7 @@ class Settings:
     s3_region: str = DEFAULT_S3_REGION
     s3_access_key: str | None = None
     s3_secret_key: str | None = None
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
 
     def __repr__(self) -> str:  # never print a secret
         secret = "***" if self.s3_secret_key else None
@@ -247,6 +249,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("s3_access_key", ("KVPACK_S3_ACCESS_KEY", "AWS_ACCESS_KEY_ID"), _text, lambda v: None),
     Setting(
         "s3_secret_key", ("KVPACK_S3_SECRET_KEY", "AWS_SECRET_ACCESS_KEY"), _text, lambda v: None
+    ),
+    Setting(
+        "drain_timeout_s",
+        ("KVPACK_DRAIN_TIMEOUT",),
+        _positive_seconds,
+        lambda v: DEFAULT_DRAIN_TIMEOUT_S,
     ),
 )
 

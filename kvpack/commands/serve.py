@@ -6,6 +6,10 @@ variables (AWS_* for S3), else the TOML file named by --config / KVPACK_CONFIG (
 kvpack/config.py). When it listens it prints one line starting with
 kvpack.server.app.READY, which `kvpack bench` waits for.
 
+SIGTERM (or Ctrl-C) stops it gracefully: the listener closes, requests in flight and then
+the publication queue get up to `drain_timeout_s` (KVPACK_DRAIN_TIMEOUT, 30 s) in all,
+and what could not finish is logged with a count.
+
 Every request but /healthz needs an API key (`kvpack api-keys create`), checked against
 the catalog on each request. --no-auth serves anyone, in the default namespace, and is
 refused unless --host is a loopback address.
@@ -18,6 +22,7 @@ import asyncio
 import contextlib
 import ipaddress
 import signal
+import time
 
 from kvpack.commands.common import add_storage_arguments, settings_from_args
 from kvpack.config import ConfigError, Settings
@@ -70,14 +75,37 @@ def run(args: argparse.Namespace) -> int:
     except (ModelLoadError, InvalidRequest) as e:
         print(f"kvpack serve: {e}")
         return 2
+    deadline = Deadline(settings.drain_timeout_s)
     try:
-        asyncio.run(_serve(service, settings, args))
+        asyncio.run(_serve(service, settings, args, deadline))
     finally:
-        service.close()
+        left = service.close(timeout=deadline.left())
+        if left:
+            print(f"kvpack serve: {left} publication job(s) not finished within the drain "
+                  f"timeout ({settings.drain_timeout_s:g}s); their cuts are lost, not "
+                  "damaged", flush=True)  # fmt: skip
     return 0
 
 
-async def _serve(service, settings: Settings, args: argparse.Namespace) -> None:
+class Deadline:
+    """The drain budget: started at SIGTERM (or on a failure), shared by the requests in
+    flight and the publication queue."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._ends: float | None = None
+
+    def start(self) -> None:
+        if self._ends is None:
+            self._ends = time.monotonic() + self.seconds
+
+    def left(self) -> float:
+        self.start()
+        assert self._ends is not None
+        return max(0.0, self._ends - time.monotonic())
+
+
+async def _serve(service, settings: Settings, args: argparse.Namespace, deadline: Deadline) -> None:
     from catalog.db import redacted
     from kvpack.server.app import READY, make_app, start
     from kvpack.server.auth import any_active_key, catalog_authenticator
@@ -86,11 +114,14 @@ async def _serve(service, settings: Settings, args: argparse.Namespace) -> None:
         service,
         authenticate=None if args.no_auth else catalog_authenticator(service.vault.db),
         producer_key_path=settings.producer_key_path,
+        drain_timeout_s=settings.drain_timeout_s,
         namespace=settings.namespace,
         context_length=args.context_length,
         max_tokens=args.max_tokens,
     )
-    runner, url = await start(app, host=args.host, port=args.port)
+    runner, url = await start(
+        app, host=args.host, port=args.port, shutdown_timeout_s=settings.drain_timeout_s
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -117,5 +148,7 @@ async def _serve(service, settings: Settings, args: argparse.Namespace) -> None:
     try:
         await stop.wait()
     finally:
-        print("kvpack serve: stopping", flush=True)
+        deadline.start()
+        print(f"kvpack serve: stopping: no new requests; draining for up to "
+              f"{settings.drain_timeout_s:g}s", flush=True)  # fmt: skip
         await runner.cleanup()

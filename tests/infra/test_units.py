@@ -20,6 +20,7 @@ import pytest
 from tests.infra.files import INFRA, require_tool, systemd_unit
 
 VENV = "/opt/kvpack"
+MODEL_DIR = "/opt/kvpack-model"  # docs/deploy.md; MLX opens the GGUF in it read-write
 UNIT = INFRA / "kvpack.service"
 AGENT = INFRA / "kvpack.plist"
 ENV_EXAMPLE = INFRA / "kvpack.env.example"
@@ -82,6 +83,7 @@ def test_the_unit_keeps_its_data_dir_reads_an_env_file_and_restarts_on_failure()
     assert s["StateDirectoryMode"] == "0700"
     assert s["EnvironmentFile"].lstrip("-") == "/etc/kvpack/kvpack.env"
     assert s["Restart"] == "on-failure"
+    assert s["ProtectSystem"] != "strict" or s["ReadWritePaths"].lstrip("-") == MODEL_DIR
     assert s["KillSignal"] == "SIGTERM" and int(s["TimeoutStopSec"]) >= 10
     assert s["User"] not in ("root", "0")
 

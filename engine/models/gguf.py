@@ -11,7 +11,9 @@ BPE: vocab, merges, token types) and the chat template come from the metadata.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -152,6 +154,22 @@ def gguf_tokenizer(meta: Mapping[str, Any]) -> FastTokenizer:
     )
 
 
+def loadable(path: Path, digests: WeightDigests) -> Path:
+    """A path MLX can load `path` from. MLX's GGUF reader opens the file for writing too,
+    so a file this process may not write (a package installed by root, a read-only
+    mount) is read from a private copy in the kvpack cache dir, made once per content."""
+    if os.access(path, os.W_OK):
+        return path
+    digest = digests.file_digest(path).hex()[:16]
+    copy = digests.path.parent / "gguf" / f"{digest}-{path.name}"
+    if not copy.is_file():
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        tmp = copy.with_name(f".{copy.name}.{os.getpid()}")
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, copy)
+    return copy
+
+
 def load_gguf(
     path: Path,
     *,
@@ -162,8 +180,9 @@ def load_gguf(
     adapter: str | Path | None = None,
 ):
     spec = str(path)
+    digests = digests or WeightDigests()
     try:
-        tensors, meta = mx.load(spec, return_metadata=True)
+        tensors, meta = mx.load(str(loadable(Path(path), digests)), return_metadata=True)
     except (RuntimeError, ValueError, OSError) as e:
         raise ModelLoadError(spec, f"not a readable GGUF file: {e}") from e
     if meta.get("general.architecture") != "llama":
@@ -182,7 +201,7 @@ def load_gguf(
     except ValueError as e:
         raise UnsupportedModel(spec, f"weights do not fit the llama architecture: {e}") from e
     mx.eval(model.parameters())
-    file_digest = (digests or WeightDigests()).file_digest(path)
+    file_digest = digests.file_digest(path)
     return assemble(
         name=name,
         model=model,

@@ -195,6 +195,32 @@ def test_smollm2_answers_a_chat_prompt():
     assert "Paris" in tok.decode(answer)
 
 
+@pytest.mark.slow
+def test_a_gguf_this_process_may_not_write_loads_from_a_private_copy(tmp_path, monkeypatch):
+    """MLX's GGUF reader opens the file for writing too: a file the service user may not
+    write (say, installed by root) is read from a copy in the kvpack cache dir, made once,
+    and the model's identity is that of the original file."""
+    from engine.models import gguf
+
+    monkeypatch.setenv("KVPACK_CACHE_DIR", str(tmp_path / "cache"))
+    original = gguf.smollm2_path()
+    real_access, loaded_from = gguf.os.access, []
+    monkeypatch.setattr(
+        gguf.os, "access", lambda p, mode: mode != gguf.os.W_OK and real_access(p, mode)
+    )
+    real_load = gguf.mx.load
+    monkeypatch.setattr(
+        gguf.mx, "load", lambda p, **kw: loaded_from.append(p) or real_load(p, **kw)
+    )
+    first = load_model("smollm2")
+    second = load_model("smollm2")
+    copies = list((tmp_path / "cache" / "gguf").iterdir())
+    assert len(copies) == 1 and copies[0].read_bytes() == original.read_bytes()
+    assert loaded_from == [str(copies[0])] * 2
+    monkeypatch.undo()
+    assert first.identity.digest == second.identity.digest == load_model("smollm2").identity.digest
+
+
 def _save_lora(path, *, seed: int):
     """A LoRA adapter for tiny in mlx-lm's layout, with nonzero B so it changes outputs."""
     from mlx.utils import tree_flatten

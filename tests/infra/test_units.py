@@ -20,7 +20,7 @@ import pytest
 from tests.infra.files import INFRA, require_tool, systemd_unit
 
 VENV = "/opt/kvpack"
-MODEL_DIR = "/opt/kvpack-model"  # docs/deploy.md; MLX opens the GGUF in it read-write
+MODEL_DIR = "/opt/kvpack-model"  # README "Run as a service"; MLX opens the GGUF in it read-write
 UNIT = INFRA / "kvpack.service"
 AGENT = INFRA / "kvpack.plist"
 ENV_EXAMPLE = INFRA / "kvpack.env.example"

@@ -37,7 +37,7 @@ class LocalDirStore:
             raise ValueError(f"invalid object key {key!r}: {TEMP_PREFIX!r} names are reserved")
         return self.root.joinpath(*parts)
 
-    async def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+    async def put_if_absent(self, key: str, data: bytes | bytearray | memoryview) -> bool:
         path = self._path(key)
         return await asyncio.to_thread(_guard, "put", key, _put_if_absent, path, data)
 
@@ -96,7 +96,7 @@ def _guard(op: str, key: str, fn, *args, **kwargs):
         raise StoreUnavailable(op, key, f"{type(e).__name__}: {e.strerror or e}") from e
 
 
-def _put_if_absent(path: Path, data: bytes | memoryview) -> bool:
+def _put_if_absent(path: Path, data: bytes | bytearray | memoryview) -> bool:
     if path.exists():
         return False
     path.parent.mkdir(parents=True, exist_ok=True)

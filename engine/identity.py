@@ -119,7 +119,7 @@ def _jsonable(value: Any) -> Any:
         return value.hex()
     if isinstance(value, set | frozenset):
         return sorted(value)
-    if dataclasses.is_dataclass(value):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
     return str(value)
 
@@ -127,7 +127,10 @@ def _jsonable(value: Any) -> Any:
 def model_settings(model: nn.Module) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(model_args, rope, scalars) read from an mlx-lm model."""
     args = model.args
-    raw = dataclasses.asdict(args) if dataclasses.is_dataclass(args) else dict(vars(args))
+    if dataclasses.is_dataclass(args) and not isinstance(args, type):
+        raw = dataclasses.asdict(args)
+    else:
+        raw = dict(vars(args))
     model_args = json.loads(_canonical(raw))
     rope = {k: model_args[k] for k in ROPE_KEYS if k in model_args}
     scalars = {k: model_args[k] for k in SCALAR_KEYS if k in model_args}
@@ -143,7 +146,7 @@ def compute_fingerprint() -> dict[str, str]:
     return {
         "device": str(mx.default_device()),
         "blas": blas.status().fingerprint(),
-        "mlx": mx.__version__,
+        "mlx": mx.__version__,  # type: ignore[attr-defined]  # mlx.core's stubs omit it
     }
 
 
@@ -194,7 +197,7 @@ def arrays_digest(arrays: Mapping[str, mx.array]) -> bytes:
         mx.eval(a)
         header = _canonical([name, str(a.dtype), list(a.shape)])
         h.update(header.encode() + b"\0")
-        h.update(memoryview(a).cast("B"))
+        h.update(memoryview(a).cast("B"))  # type: ignore[arg-type]  # stubs lack __buffer__
     return h.digest()
 
 

@@ -59,7 +59,8 @@ class LoadedModel:
 
 
 def count_params(model: nn.Module) -> int:
-    return sum(p.size for _, p in tree_flatten(model.parameters()))
+    # mlx types tree_flatten as list | dict; without a destination it is a list of pairs.
+    return sum(p.size for _, p in tree_flatten(model.parameters()))  # type: ignore[str-unpack, union-attr]
 
 
 def assemble(
@@ -123,7 +124,7 @@ def load_model(
     adapter: str | Path | None = None,
 ) -> LoadedModel:
     """`adapter`: an mlx-lm adapter directory (adapter_config.json + adapters.safetensors)."""
-    common = {"alignment": alignment, "namespace": namespace, "adapter": adapter}
+    common: dict[str, Any] = {"alignment": alignment, "namespace": namespace, "adapter": adapter}
     if spec == "tiny":
         from engine.models.tiny import SEED, tiny_model, tiny_tokenizer
 

@@ -163,8 +163,11 @@ def load_gguf(
     from engine.models import assemble
 
     spec = str(path)
+    tensors: dict[str, mx.array]
+    meta: dict[str, Any]
     try:
-        tensors, meta = mx.load(spec, return_metadata=True)
+        # mlx's stub returns a union whatever return_metadata says.
+        tensors, meta = mx.load(spec, return_metadata=True)  # type: ignore[assignment]
     except (RuntimeError, ValueError, OSError) as e:
         raise ModelLoadError(spec, f"not a readable GGUF file: {e}") from e
     if meta.get("general.architecture") != "llama":

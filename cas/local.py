@@ -13,8 +13,10 @@ import contextlib
 import errno
 import os
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from cas.errors import ObjectMissing, ObjectTooLarge, StoreUnavailable
 from cas.store import ObjectInfo
@@ -82,7 +84,7 @@ class LocalDirStore:
         return sorted(keys)
 
 
-def _guard(op: str, key: str, fn, *args, **kwargs):
+def _guard(op: str, key: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Translate OS errors once. A missing path is ObjectMissing on reads and nothing on
     delete; every other OS error (and a missing path on writes) is StoreUnavailable."""
     try:

@@ -142,7 +142,7 @@ class S3Config:
         }
 
 
-def boto3_client(config: S3Config):
+def boto3_client(config: S3Config) -> Any:  # boto3 ships no types
     """A synchronous boto3 client for administration (and the raw baseline in bench-store)."""
     import boto3
 

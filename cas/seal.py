@@ -105,7 +105,7 @@ class ChunkSeal:
     def open_into(
         self,
         chunk_id: ChunkId,
-        sealed: bytes | memoryview,
+        sealed: bytes | bytearray | memoryview,
         out: memoryview,
         *,
         digest_key: bytes,

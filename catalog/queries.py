@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 from sqlalchemy import (
+    ColumnElement,
     CursorResult,
     Executable,
     and_,
@@ -312,7 +313,7 @@ def delete_manifest(*, session: Session, manifest_id: ManifestId, now: datetime)
     return object_key
 
 
-def _collectible(cutoff: datetime):
+def _collectible(cutoff: datetime) -> tuple[ColumnElement[bool], ...]:
     unreferenced = ~exists().where(ManifestChunkRow.chunk == ChunkRow.id)
     return (
         ChunkRow.condemned_at.is_(None),

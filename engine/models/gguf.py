@@ -14,7 +14,7 @@ import importlib.util
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import blake3
 import mlx.core as mx
@@ -23,6 +23,9 @@ from mlx_lm.models import llama
 from engine.identity import WeightDigests
 from engine.models.errors import ModelLoadError, UnsupportedModel
 from engine.tokenizer import FastTokenizer, byte_level_bpe
+
+if TYPE_CHECKING:
+    from engine.models import LoadedModel
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GROUP_SIZE = 32  # every GGUF block quantization MLX reads (Q4_0, Q4_1, Q8_0) uses 32
@@ -159,7 +162,7 @@ def load_gguf(
     namespace: str,
     digests: WeightDigests | None = None,
     adapter: str | Path | None = None,
-):
+) -> LoadedModel:
     from engine.models import assemble
 
     spec = str(path)

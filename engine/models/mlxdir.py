@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tokenizers
 from mlx_lm.utils import load_model as mlx_lm_load_model
@@ -18,6 +18,9 @@ from mlx_lm.utils import load_model as mlx_lm_load_model
 from engine.identity import WeightDigests
 from engine.models.errors import ModelLoadError, UnsupportedModel
 from engine.tokenizer import FastTokenizer
+
+if TYPE_CHECKING:
+    from engine.models import LoadedModel
 
 
 def _token_text(value: Any) -> str | None:
@@ -76,7 +79,7 @@ def load_model_dir(
     namespace: str,
     digests: WeightDigests | None = None,
     adapter: str | Path | None = None,
-):
+) -> LoadedModel:
     from engine.models import assemble
 
     path = Path(path).resolve()

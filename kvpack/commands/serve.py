@@ -18,12 +18,16 @@ import asyncio
 import contextlib
 import ipaddress
 import signal
+from typing import TYPE_CHECKING
 
-from kvpack.commands.common import add_storage_arguments, settings_from_args
+from kvpack.commands.common import Subparsers, add_storage_arguments, settings_from_args
 from kvpack.config import ConfigError, Settings
 
+if TYPE_CHECKING:  # the service loads the engine: only when serving
+    from kvpack.service.service import Service
 
-def register(sub) -> None:
+
+def register(sub: Subparsers) -> None:
     p = sub.add_parser("serve", help="serve an OpenAI-compatible API backed by the vault")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
@@ -77,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve(service, settings: Settings, args: argparse.Namespace) -> None:
+async def _serve(service: Service, settings: Settings, args: argparse.Namespace) -> None:
     from catalog.db import redacted
     from kvpack.server.app import READY, make_app, start
     from kvpack.server.auth import any_active_key, catalog_authenticator

@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test lint demo clean
+.PHONY: setup test lint typecheck demo clean
 
 setup: $(STAMP)
 
@@ -22,11 +22,14 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: lint
+typecheck: setup
+	$(VENV)/bin/mypy cas catalog engine kvpack
+
+test: lint typecheck
 	$(VENV)/bin/pytest
 
 demo: setup
 	$(VENV)/bin/kvpack demo
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

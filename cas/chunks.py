@@ -76,9 +76,9 @@ class ChunkStore:
 
     async def put(self, data: Blob, *, chunk_id: ChunkId | None = None) -> ChunkRef:
         """Store `data`; `chunk_id`, when given, must be what chunk_id(data) returns."""
-        chunk_id, sealed = await asyncio.to_thread(self._seal_verified, data, chunk_id)
-        ref = ChunkRef(chunk_id, len(data))
-        key = self.key(chunk_id)
+        sealed_id, sealed = await asyncio.to_thread(self._seal_verified, data, chunk_id)
+        ref = ChunkRef(sealed_id, len(data))
+        key = self.key(sealed_id)
         if await self.objects.put_if_absent(key, sealed):
             return ref
         # Existed: equal ids carry equal plaintext, so the object is ours unless damaged.
@@ -116,7 +116,7 @@ class ChunkStore:
     async def get_many(self, refs: Sequence[ChunkRef]) -> memoryview:
         """Every chunk, verified, laid end to end in one preallocated buffer in ref order."""
         out = memoryview(bytearray(sum(r.size for r in refs)))
-        jobs: list[Callable[[], Awaitable[None]]] = []
+        jobs: list[Callable[..., Awaitable[None]]] = []  # `...`: lambdas with bound defaults
         offset = 0
         for ref in refs:
             area = out[offset : offset + ref.size]

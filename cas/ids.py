@@ -59,6 +59,6 @@ class ChunkId(Digest):
     """The keyed BLAKE3 digest that names a chunk inside one namespace."""
 
     @classmethod
-    def of(cls, data: bytes | memoryview, *, key: bytes) -> ChunkId:
+    def of(cls, data: bytes | bytearray | memoryview, *, key: bytes) -> ChunkId:
         """Digest `data` under a namespace's digest key (Keyring.digest_key)."""
         return cls(blake3.blake3(data, key=key, max_threads=blake3.blake3.AUTO).digest())

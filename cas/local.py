@@ -13,8 +13,10 @@ import contextlib
 import errno
 import os
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from cas.errors import ObjectMissing, ObjectTooLarge, StoreUnavailable
 from cas.store import ObjectInfo
@@ -37,7 +39,7 @@ class LocalDirStore:
             raise ValueError(f"invalid object key {key!r}: {TEMP_PREFIX!r} names are reserved")
         return self.root.joinpath(*parts)
 
-    async def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+    async def put_if_absent(self, key: str, data: bytes | bytearray | memoryview) -> bool:
         path = self._path(key)
         return await asyncio.to_thread(_guard, "put", key, _put_if_absent, path, data)
 
@@ -82,7 +84,7 @@ class LocalDirStore:
         return sorted(keys)
 
 
-def _guard(op: str, key: str, fn, *args, **kwargs):
+def _guard(op: str, key: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Translate OS errors once. A missing path is ObjectMissing on reads and nothing on
     delete; every other OS error (and a missing path on writes) is StoreUnavailable."""
     try:
@@ -96,7 +98,7 @@ def _guard(op: str, key: str, fn, *args, **kwargs):
         raise StoreUnavailable(op, key, f"{type(e).__name__}: {e.strerror or e}") from e
 
 
-def _put_if_absent(path: Path, data: bytes | memoryview) -> bool:
+def _put_if_absent(path: Path, data: bytes | bytearray | memoryview) -> bool:
     if path.exists():
         return False
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -142,7 +142,7 @@ class S3Config:
         }
 
 
-def boto3_client(config: S3Config):
+def boto3_client(config: S3Config) -> Any:  # boto3 ships no types
     """A synchronous boto3 client for administration (and the raw baseline in bench-store)."""
     import boto3
 
@@ -303,7 +303,7 @@ class S3Store:
             raise ValueError(f"invalid object key {key!r}")
         return self._prefix + key
 
-    async def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+    async def put_if_absent(self, key: str, data: bytes | bytearray | memoryview) -> bool:
         full = self._key(key)
         body = data if isinstance(data, bytes | bytearray) else bytes(data)
         try:
@@ -366,16 +366,13 @@ class S3Store:
     async def list_keys(self, prefix: str) -> list[str]:
         full = self._prefix + prefix
         keys: list[str] = []
-        token: str | None = None
+        kw: dict[str, Any] = {"Bucket": self.config.bucket, "Prefix": full}
         while True:
-            kw: dict[str, Any] = {"Bucket": self.config.bucket, "Prefix": full}
-            if token:
-                kw["ContinuationToken"] = token
-            page = await self._call("list", prefix, lambda c, kw=kw: c.list_objects_v2(**kw))
+            page = await self._call("list", prefix, lambda c: c.list_objects_v2(**kw))
             keys.extend(o["Key"][len(self._prefix) :] for o in page.get("Contents", ()))
             if not page.get("IsTruncated"):
                 return sorted(keys)
-            token = page["NextContinuationToken"]
+            kw["ContinuationToken"] = page["NextContinuationToken"]
 
 
 def _code(e: bx.ClientError) -> str:

@@ -65,7 +65,7 @@ class ChunkSeal:
             self._aeads[key_id] = AESGCMSIV(key)
         return key_id, self._aeads[key_id]
 
-    def seal(self, chunk_id: ChunkId, plaintext: bytes | memoryview) -> bytearray:
+    def seal(self, chunk_id: ChunkId, plaintext: bytes | bytearray | memoryview) -> bytearray:
         """Seal under the current key."""
         key_id, aead = self._aead(None)
         head = header(key_id)
@@ -78,7 +78,10 @@ class ChunkSeal:
         return out
 
     def verify(
-        self, chunk_id: ChunkId, sealed: bytes | memoryview, plaintext: bytes | memoryview
+        self,
+        chunk_id: ChunkId,
+        sealed: bytes | bytearray | memoryview,
+        plaintext: bytes | bytearray | memoryview,
     ) -> None:
         """Check that `sealed` opens to exactly `plaintext` (our own output, before it is
         trusted and uploaded): tag and bytes, without digesting the plaintext again."""
@@ -102,7 +105,7 @@ class ChunkSeal:
     def open_into(
         self,
         chunk_id: ChunkId,
-        sealed: bytes | memoryview,
+        sealed: bytes | bytearray | memoryview,
         out: memoryview,
         *,
         digest_key: bytes,

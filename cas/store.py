@@ -27,7 +27,7 @@ class ObjectInfo:
 class ObjectStore(Protocol):
     """Raw immutable objects; one implementation per backend."""
 
-    async def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+    async def put_if_absent(self, key: str, data: bytes | bytearray | memoryview) -> bool:
         """Store `data` under `key` unless an object is there: True created, False existed."""
         ...
 

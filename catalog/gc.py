@@ -42,6 +42,7 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
@@ -154,7 +155,7 @@ async def _reclaim(
     if not ids:
         return
     keys = [ChunkStore.key(ChunkId.from_hex(i)) for i in ids]
-    await bounded([lambda k=k: objects.delete(k) for k in keys], MAX_CONCURRENCY)
+    await bounded([partial(objects.delete, k) for k in keys], MAX_CONCURRENCY)
     if point is not None:
         await point("objects_deleted")
     await run_tx(db, lambda s: queries.delete_condemned(session=s, ids=ids, run_id=run_id))

@@ -29,6 +29,7 @@ Words (see DESIGN.md):
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import hmac
 import json
@@ -153,7 +154,7 @@ class Manifest:
         return sum(p.size for p in self.parts)
 
     @property
-    def idempotency_key(self) -> bytes:
+    def idempotency_key(self) -> builtins.bytes:  # `bytes` here is the property above
         return idempotency_key(self.identity, self.chain)
 
     @property

@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from sqlalchemy import Engine
@@ -186,8 +187,14 @@ async def publish(
         try:
             winner = await run_tx(
                 db,
-                lambda s, values=values, reserved=reserved: _commit(
-                    s, identity, scope.components, values, parts, hex_ids, reserved
+                partial(
+                    _commit,
+                    identity=identity,
+                    components=scope.components,
+                    values=values,
+                    parts=parts,
+                    ids=hex_ids,
+                    reserved=reserved,
                 ),
             )
         except _Collected:
@@ -231,11 +238,10 @@ async def _reserve(
     deadline = time.monotonic() + wait_s
     delay = 0.01
     while True:
-        now = datetime.now(UTC)
         got = await run_tx(
             db,
-            lambda s, now=now: queries.reserve_chunks(
-                session=s, chunks=sizes, now=now, stored_sizes=stored
+            lambda s: queries.reserve_chunks(
+                session=s, chunks=sizes, now=datetime.now(UTC), stored_sizes=stored
             ),
         )
         condemned = sorted(i for i, c in got.items() if c.condemned)

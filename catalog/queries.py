@@ -18,9 +18,22 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import and_, delete, exists, func, or_, select, tuple_, update
+from sqlalchemy import (
+    ColumnElement,
+    CursorResult,
+    Executable,
+    and_,
+    delete,
+    exists,
+    func,
+    or_,
+    select,
+    tuple_,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from catalog.chain import TokenChain
@@ -135,12 +148,13 @@ def get_cut(*, session: Session, manifest_id: ManifestId) -> Cut | None:
 
 def touch_cut(*, session: Session, manifest_id: ManifestId, at: datetime | None = None) -> bool:
     """Mark a cut as just served (GC evicts the least recently hit first). False if gone."""
-    result = session.execute(
+    changed = affected_rows(
+        session,
         update(ManifestRow)
         .where(ManifestRow.id == manifest_id.hex)
-        .values(last_hit_at=at or _now())
+        .values(last_hit_at=at or _now()),
     )
-    return result.rowcount == 1
+    return changed == 1
 
 
 def cut_by_idempotency_key(*, session: Session, key: bytes) -> Cut | None:
@@ -262,7 +276,8 @@ def insert_manifest(
 def referenced_bytes(*, session: Session) -> int:
     """Plaintext bytes of the distinct chunks that at least one manifest references."""
     referenced = exists().where(ManifestChunkRow.chunk == ChunkRow.id)
-    return int(session.scalar(select(func.coalesce(func.sum(ChunkRow.size), 0)).where(referenced)))
+    total = select(func.coalesce(func.sum(ChunkRow.size), 0)).where(referenced)
+    return int(session.execute(total).scalar_one())
 
 
 def exclusive_bytes(*, session: Session, manifest_id: ManifestId) -> int:
@@ -271,7 +286,7 @@ def exclusive_bytes(*, session: Session, manifest_id: ManifestId) -> int:
     shared = exists().where(other.c.chunk == ChunkRow.id, other.c.manifest != manifest_id.hex)
     ids = select(mine.chunk).where(mine.manifest == manifest_id.hex)
     total = select(func.coalesce(func.sum(ChunkRow.size), 0)).where(ChunkRow.id.in_(ids), ~shared)
-    return int(session.scalar(total))
+    return int(session.execute(total).scalar_one())
 
 
 def least_recently_hit(*, session: Session, limit: int) -> list[tuple[ManifestId, str]]:
@@ -298,7 +313,7 @@ def delete_manifest(*, session: Session, manifest_id: ManifestId, now: datetime)
     return object_key
 
 
-def _collectible(cutoff: datetime):
+def _collectible(cutoff: datetime) -> tuple[ColumnElement[bool], ...]:
     unreferenced = ~exists().where(ManifestChunkRow.chunk == ChunkRow.id)
     return (
         ChunkRow.condemned_at.is_(None),
@@ -366,21 +381,27 @@ def delete_condemned(*, session: Session, ids: Sequence[str], run_id: str) -> in
     """Delete the rows of chunks this run condemned (after their objects are gone)."""
     if not ids:
         return 0
-    result = session.execute(
-        delete(ChunkRow).where(ChunkRow.id.in_(sorted(ids)), ChunkRow.condemned_by == run_id)
+    return affected_rows(
+        session,
+        delete(ChunkRow).where(ChunkRow.id.in_(sorted(ids)), ChunkRow.condemned_by == run_id),
     )
-    return result.rowcount
 
 
-def dialect_insert(session: Session, table: Any):
+def affected_rows(session: Session, statement: Executable) -> int:
+    """Run an UPDATE or DELETE; the rows it matched. Session.execute is typed as returning
+    a Result, but for these statements it is a CursorResult, which has the count."""
+    return cast(CursorResult[Any], session.execute(statement)).rowcount
+
+
+def dialect_insert(session: Session, table: Any) -> postgresql.Insert | sqlite.Insert:
     dialect = session.get_bind().dialect.name
     if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    elif dialect == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert
-    else:  # pragma: no cover - the catalog supports these two
-        raise NotImplementedError(f"catalog upserts support sqlite and postgresql, not {dialect}")
-    return insert(table)
+        return postgresql.insert(table)
+    if dialect == "sqlite":
+        return sqlite.insert(table)
+    raise NotImplementedError(  # pragma: no cover - the catalog supports these two
+        f"catalog upserts support sqlite and postgresql, not {dialect}"
+    )
 
 
 def _now() -> datetime:

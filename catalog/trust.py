@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from catalog.ids import IdentityDigest
 from catalog.models import AcceptedGenerationRow, QuarantineRow, TrustedKeyRow
-from catalog.queries import dialect_insert
+from catalog.queries import affected_rows, dialect_insert
 from catalog.signing import Bundle
 
 STATES = ("pending", "refused", "promoted")
@@ -149,16 +149,17 @@ def accept_generation(
     ).scalar_one_or_none()
     if inserted is not None:
         return True
-    result = session.execute(
+    changed = affected_rows(
+        session,
         update(AcceptedGenerationRow)
         .where(
             AcceptedGenerationRow.producer == producer,
             AcceptedGenerationRow.identity == identity.hex,
             AcceptedGenerationRow.generation < generation,
         )
-        .values(generation=generation, accepted_at=now)
+        .values(generation=generation, accepted_at=now),
     )
-    return result.rowcount == 1
+    return changed == 1
 
 
 # -- quarantine ------------------------------------------------------------------------
@@ -216,5 +217,5 @@ def imports_before(*, session: Session, before: datetime, limit: int = 500) -> l
 
 
 def delete_import(*, session: Session, import_id: str) -> bool:
-    result = session.execute(delete(QuarantineRow).where(QuarantineRow.import_id == import_id))
-    return result.rowcount == 1
+    statement = delete(QuarantineRow).where(QuarantineRow.import_id == import_id)
+    return affected_rows(session, statement) == 1

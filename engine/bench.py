@@ -24,8 +24,9 @@ import mlx.core as mx
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 
 from engine import blas
+from engine.errors import LogitsMissing
 from engine.format import encode
-from engine.slots import SlotPool, cache_arrays
+from engine.slots import Slot, SlotPool, cache_arrays
 
 DEPTHS = (256, 512, 1024, 2048)
 _TEXT = (
@@ -60,6 +61,14 @@ def bench_tokens(tokenizer: Any, n: int, *, salt: str = "") -> list[int]:
     return tokens[:n]
 
 
+def _logits(slot: Slot) -> bytes:
+    """The slot's last logits as bytes, to compare restores bit for bit."""
+    logits = slot.logits
+    if logits is None:
+        raise LogitsMissing(slot.depth)
+    return bytes(memoryview(logits))  # type: ignore[arg-type]  # mlx stubs lack __buffer__
+
+
 def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     t = time.perf_counter()
     out = fn()
@@ -76,7 +85,7 @@ def run(
     cold, warm = pool.slot(0), pool.slot(1)
     # Warm-up (first-call allocations) doubles as the miss control: an unrelated prompt.
     warm.prefill(bench_tokens(loaded.tokenizer, pool.alignment, salt="Unrelated. "))
-    control = bytes(memoryview(warm.logits))
+    control = _logits(warm)
     rows = []
     with tempfile.TemporaryDirectory(prefix="kvpack-bench-") as tmp:
         path = str(Path(tmp) / "cache.safetensors")
@@ -84,15 +93,15 @@ def run(
             tokens = bench_tokens(loaded.tokenizer, depth)
             cold.reset()
             _, prefill_s = _timed(lambda: cold.prefill(tokens))  # noqa: B023
-            expected = bytes(memoryview(cold.logits))
+            expected = _logits(cold)
             snap, snap_s = _timed(cold.export)
             planes, enc_s = _timed(lambda: encode(snap))  # noqa: B023
             warm.reset()
             _, mem_s = _timed(lambda: warm.restore(snap, prompt=tokens))  # noqa: B023
-            ok = bytes(memoryview(warm.logits)) == expected
+            ok = _logits(warm) == expected
             warm.reset()
             _, parts_s = _timed(lambda: warm.restore(planes, prompt=tokens))  # noqa: B023
-            ok = ok and bytes(memoryview(warm.logits)) == expected and expected != control
+            ok = ok and _logits(warm) == expected and expected != control
             _, save_s = _timed(lambda: save_prompt_cache(path, cold.state.cache))  # noqa: B023
 
             def load() -> None:

@@ -130,7 +130,7 @@ def _jsonable(value: Any) -> Any:
         return value.hex()
     if isinstance(value, set | frozenset):
         return sorted(value)
-    if dataclasses.is_dataclass(value):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
     return str(value)
 
@@ -138,7 +138,10 @@ def _jsonable(value: Any) -> Any:
 def model_settings(model: nn.Module) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(model_args, rope, scalars) read from an mlx-lm model."""
     args = model.args
-    raw = dataclasses.asdict(args) if dataclasses.is_dataclass(args) else dict(vars(args))
+    if dataclasses.is_dataclass(args) and not isinstance(args, type):
+        raw = dataclasses.asdict(args)
+    else:
+        raw = dict(vars(args))
     model_args = json.loads(_canonical(raw))
     rope = {k: model_args[k] for k in ROPE_KEYS if k in model_args}
     scalars = {k: model_args[k] for k in SCALAR_KEYS if k in model_args}
@@ -166,7 +169,9 @@ def quantization_of(model: nn.Module) -> list[dict[str, Any]] | str:
 
 
 def weight_dtypes(model: nn.Module) -> list[str]:
-    return sorted({dtype_name(p.dtype) for _, p in tree_flatten(model.parameters())})
+    # mlx types tree_flatten as list | dict; without a destination it is a list of pairs.
+    pairs = tree_flatten(model.parameters())
+    return sorted({dtype_name(p.dtype) for _, p in pairs})  # type: ignore[str-unpack, union-attr]
 
 
 def precision(model: nn.Module, layout: KVLayout, logits_dtype: str) -> dict[str, Any]:
@@ -189,7 +194,7 @@ def compute_fingerprint() -> dict[str, str]:
     return {
         "device": str(mx.default_device()),
         "blas": blas.status().fingerprint(),
-        "mlx": mx.__version__,
+        "mlx": mx.__version__,  # type: ignore[attr-defined]  # mlx.core's stubs omit it
     }
 
 
@@ -243,7 +248,7 @@ def arrays_digest(arrays: Mapping[str, mx.array]) -> bytes:
         mx.eval(a)
         header = _canonical([name, str(a.dtype), list(a.shape)])
         h.update(header.encode() + b"\0")
-        h.update(memoryview(a).cast("B"))
+        h.update(memoryview(a).cast("B"))  # type: ignore[arg-type]  # stubs lack __buffer__
     return h.digest()
 
 

@@ -138,9 +138,11 @@ def prefill_aligned(
     offsets = {int(c.offset) for c in caches}
     if len(offsets) != 1:
         raise InvalidRequest("caches", f"layers at different depths {sorted(offsets)}")
-    start, caches = offsets.pop(), list(caches)
-    for lo, hi in aligned_steps(start, start + len(tokens), alignment):
-        step = mx.array(tokens[lo - start : hi - start], dtype=mx.int32)[None]
+    start, caches, ids = offsets.pop(), list(caches), list(tokens)
+    logits = None
+    for lo, hi in aligned_steps(start, start + len(ids), alignment):
+        step = mx.array(ids[lo - start : hi - start], dtype=mx.int32)[None]
         logits = model(step, cache=caches)[0, -1]
         mx.eval(logits, cache_arrays(caches))
+    assert logits is not None  # tokens is not empty
     return logits

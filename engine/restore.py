@@ -40,8 +40,11 @@ Mode = Literal["exact", "ancestor"]
 class Target(Protocol):
     """A slot to restore into (engine/slots.py's Slot)."""
 
-    pool: PoolShape
-    lock: threading.RLock
+    @property
+    def pool(self) -> PoolShape: ...
+
+    @property
+    def lock(self) -> threading.RLock: ...
 
     def commit(self, state: SlotState) -> None: ...
 

@@ -52,4 +52,4 @@ def draw(logits: mx.array, sampling: Sampling, key: mx.array) -> int:
         threshold = mx.take_along_axis(ordered, dropped, axis=-1)
         logprobs = mx.where(logprobs < threshold, -mx.inf, logprobs)
     token = mx.random.categorical(logprobs * (1.0 / sampling.temperature), key=key)
-    return int(token.item())
+    return int(token)

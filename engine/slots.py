@@ -140,15 +140,15 @@ class Slot:
         `on_boundary(depth)` runs after every step that ends on a multiple of A, with the
         slot consistent at that depth (the moment to export an aligned cut). `cancel`
         is checked between steps."""
-        tokens = self.pool.check_tokens(tokens)
+        ids = self.pool.check_tokens(tokens)
         with self.lock:
             start = self.depth
-            for lo, hi in aligned_steps(start, start + len(tokens), self.pool.alignment):
+            for lo, hi in aligned_steps(start, start + len(ids), self.pool.alignment):
                 if _cancelled(cancel):
                     break
                 if lo % self.pool.alignment:
                     self._state.cold = False
-                self._forward(tokens[lo - start : hi - start])
+                self._forward(ids[lo - start : hi - start])
                 if on_boundary is not None and hi % self.pool.alignment == 0:
                     on_boundary(hi)
             return self.depth
@@ -182,7 +182,7 @@ class Slot:
                     out.finish_reason = "cancelled"
                     return out
                 if key is None:
-                    token = int(mx.argmax(self._state.logits).item())
+                    token = int(mx.argmax(self._state.logits))
                 else:
                     key, sub = mx.random.split(key)
                     token = draw(self._state.logits, sampling, sub)
@@ -197,7 +197,7 @@ class Slot:
             out.finish_reason = "length"
             return out
 
-    def _forward(self, tokens: Sequence[int]) -> None:
+    def _forward(self, tokens: list[int]) -> None:  # mx.array refuses a range or an array
         """One forward over `tokens`; on any failure mid-way the slot is reset, because
         some layers' caches may already hold the step (never leave a partial state)."""
         state = self._state

@@ -36,10 +36,17 @@ class ChatTemplateError(ValueError):
 
 @runtime_checkable
 class Tokenizer(Protocol):
-    vocab_size: int
-    bos_token_id: int | None
-    eos_token_ids: frozenset[int]
-    chat_template: str
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def bos_token_id(self) -> int | None: ...
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]: ...
+
+    @property
+    def chat_template(self) -> str: ...
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -107,10 +114,16 @@ class FastTokenizer:
 
     def __post_init__(self) -> None:
         for tok in (self.bos_token, *self.eos_tokens):
-            if tok is not None and self.backend.token_to_id(tok) is None:
-                raise ValueError(f"special token {tok!r} is not in the vocabulary")
+            if tok is not None:
+                self._special_id(tok)
         if not self.eos_tokens:
             raise ValueError("a tokenizer needs at least one end-of-sequence token")
+
+    def _special_id(self, tok: str) -> int:
+        token_id = self.backend.token_to_id(tok)
+        if token_id is None:
+            raise ValueError(f"special token {tok!r} is not in the vocabulary")
+        return token_id
 
     @property
     def vocab_size(self) -> int:
@@ -118,11 +131,11 @@ class FastTokenizer:
 
     @property
     def bos_token_id(self) -> int | None:
-        return None if self.bos_token is None else self.backend.token_to_id(self.bos_token)
+        return None if self.bos_token is None else self._special_id(self.bos_token)
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
-        return frozenset(self.backend.token_to_id(t) for t in self.eos_tokens)
+        return frozenset(self._special_id(t) for t in self.eos_tokens)
 
     def encode(self, text: str) -> list[int]:
         return self.backend.encode(text, add_special_tokens=False).ids

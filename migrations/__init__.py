@@ -16,14 +16,20 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from alembic import command
 from alembic.config import Config
 
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
+
 HERE = Path(__file__).resolve().parent
 
 
-def alembic_config(database_url: str | None = None, *, connection=None) -> Config:
+def alembic_config(
+    database_url: str | None = None, *, connection: Connection | None = None
+) -> Config:
     """An Alembic Config for this package; URL or connection override the settings."""
     # stdout now, not Alembic's import-time default, so redirected output is honoured.
     config = Config(str(HERE / "alembic.ini"), stdout=sys.stdout)

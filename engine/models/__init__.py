@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from engine.identity import arrays_digest
 from engine.models.errors import ModelLoadError, ModelNotCached, UnknownModelSpec, UnsupportedModel
@@ -58,7 +59,7 @@ def load_model(
     """`adapter`: an mlx-lm adapter directory (adapter_config.json + adapters.safetensors).
     `hf_cache`: the Hugging Face cache to resolve repo ids in (default: huggingface_hub's,
     which follows HF_HUB_CACHE and HF_HOME)."""
-    common = {"alignment": alignment, "namespace": namespace, "adapter": adapter}
+    common: dict[str, Any] = {"alignment": alignment, "namespace": namespace, "adapter": adapter}
     if spec == "tiny":
         from engine.models.tiny import SEED, tiny_model, tiny_tokenizer
 

@@ -24,7 +24,7 @@ from mlx_lm.models import llama
 
 from engine.identity import WeightDigests
 from engine.models.errors import ModelLoadError, UnsupportedModel
-from engine.models.loaded import assemble
+from engine.models.loaded import LoadedModel, assemble
 from engine.tokenizer import FastTokenizer, byte_level_bpe
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -178,11 +178,16 @@ def load_gguf(
     namespace: str,
     digests: WeightDigests | None = None,
     adapter: str | Path | None = None,
-):
+) -> LoadedModel:
     spec = str(path)
     digests = digests or WeightDigests()
+    tensors: dict[str, mx.array]
+    meta: dict[str, Any]
     try:
-        tensors, meta = mx.load(str(loadable(Path(path), digests)), return_metadata=True)
+        # mlx's stub returns a union whatever return_metadata says.
+        tensors, meta = mx.load(  # type: ignore[assignment]
+            str(loadable(Path(path), digests)), return_metadata=True
+        )
     except (RuntimeError, ValueError, OSError) as e:
         raise ModelLoadError(spec, f"not a readable GGUF file: {e}") from e
     if meta.get("general.architecture") != "llama":

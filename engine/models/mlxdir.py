@@ -17,7 +17,7 @@ from mlx_lm.utils import load_model as mlx_lm_load_model
 
 from engine.identity import WeightDigests
 from engine.models.errors import ModelLoadError, UnsupportedModel
-from engine.models.loaded import assemble
+from engine.models.loaded import LoadedModel, assemble
 from engine.tokenizer import FastTokenizer
 
 
@@ -78,7 +78,7 @@ def load_model_dir(
     namespace: str,
     digests: WeightDigests | None = None,
     adapter: str | Path | None = None,
-):
+) -> LoadedModel:
     path = Path(path).resolve()
     spec = str(path)
     if not (path / "config.json").is_file():

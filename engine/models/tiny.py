@@ -66,7 +66,8 @@ def _init_scale(name: str, shape: tuple[int, ...]) -> float:
 def tiny_weights(seed: int = SEED) -> tuple[tuple[str, mx.array], ...]:
     """The generated weights, by name. Each tensor gets its own key split from `seed`."""
     template = gemma3_text.Model(gemma3_text.ModelArgs.from_dict(CONFIG))
-    shapes = {name: p.shape for name, p in tree_flatten(template.parameters())}
+    # mlx types tree_flatten as list | dict; without a destination it is a list of pairs.
+    shapes = {name: p.shape for name, p in tree_flatten(template.parameters())}  # type: ignore[str-unpack, union-attr]
     names = sorted(shapes)
     keys = mx.random.split(mx.random.key(seed), len(names))
     weights = tuple(

@@ -112,9 +112,15 @@ def scrape(base_url: str, *, timeout_s: float = 10.0) -> dict[str, float]:
     return out
 
 
-def _get(base_url: str, path: str, timeout_s: float) -> tuple[int, bytes]:
+def _connection(base_url: str, timeout_s: float) -> http.client.HTTPConnection:
     parts = urlsplit(base_url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
+    if parts.hostname is None:
+        raise ValueError(f"not an http://host:port URL: {base_url!r}")
+    return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
+
+
+def _get(base_url: str, path: str, timeout_s: float) -> tuple[int, bytes]:
+    conn = _connection(base_url, timeout_s)
     try:
         conn.request("GET", path)
         resp = conn.getresponse()
@@ -176,12 +182,11 @@ def run_leg(
 def _stream(
     base_url: str, tokens: Sequence[int], *, model: str, max_tokens: int, timeout_s: float
 ) -> dict[str, Any]:
-    parts = urlsplit(base_url)
     body = {"model": model, "prompt": list(tokens), "max_tokens": max_tokens, "temperature": 0,
             "seed": 0, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
     t0 = time.perf_counter()
     deadline = t0 + timeout_s
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
+    conn = _connection(base_url, timeout_s)
     try:
         conn.request("POST", "/v1/completions", body=json.dumps(body),
                      headers={"Content-Type": "application/json"})  # fmt: skip

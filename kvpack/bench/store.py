@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from cas.chunks import ChunkStore
 from cas.ids import ChunkId
@@ -34,9 +35,11 @@ from cas.keys import Keyring
 from cas.local import LocalDirStore
 from cas.s3 import S3Config, S3Store, boto3_client, ensure_bucket
 from cas.seal import ChunkSeal
+from cas.store import ObjectStore
 from kvpack.bench.seaweedfs import start_seaweedfs
 
 MiB = 1 << 20
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class Row:
         return self.nbytes / MiB / self.seconds if self.seconds > 0 else float("inf")
 
 
-def _timed(fn: Callable[[], object]) -> tuple[float, object]:
+def _timed(fn: Callable[[], T]) -> tuple[float, T]:
     t0 = time.perf_counter()
     out = fn()
     return time.perf_counter() - t0, out
@@ -113,10 +116,17 @@ def _crypto_rows(chunks: list[memoryview], ring: Keyring, total: int) -> list[Ro
     ]
 
 
-def _chunk_store_rows(store, chunks, data, ring, opts, backend: str) -> list[Row]:
+def _chunk_store_rows(
+    store: ObjectStore,
+    chunks: list[memoryview],
+    data: memoryview,
+    ring: Keyring,
+    opts: BenchOptions,
+    backend: str,
+) -> list[Row]:
     cs = ChunkStore(store, ring, namespace="bench", max_concurrency=opts.concurrency)
 
-    async def go():
+    async def go() -> tuple[float, float, bool]:
         t0 = time.perf_counter()
         refs = await cs.put_many(chunks)
         t1 = time.perf_counter()
@@ -135,7 +145,9 @@ def _chunk_store_rows(store, chunks, data, ring, opts, backend: str) -> list[Row
     ]
 
 
-def _local_rows(chunks, data, ring, root: Path, opts: BenchOptions) -> list[Row]:
+def _local_rows(
+    chunks: list[memoryview], data: memoryview, ring: Keyring, root: Path, opts: BenchOptions
+) -> list[Row]:
     rows = _chunk_store_rows(LocalDirStore(root / "cas"), chunks, data, ring, opts, "local")
     raw = root / "raw"
     raw.mkdir(parents=True)
@@ -160,7 +172,9 @@ def _local_rows(chunks, data, ring, root: Path, opts: BenchOptions) -> list[Row]
     return rows
 
 
-def _s3_rows(chunks, data, ring, cfg: S3Config, opts: BenchOptions) -> list[Row]:
+def _s3_rows(
+    chunks: list[memoryview], data: memoryview, ring: Keyring, cfg: S3Config, opts: BenchOptions
+) -> list[Row]:
     cfg = dataclasses.replace(cfg, max_concurrency=opts.concurrency)
     run_prefix = f"{cfg.key_prefix}bench-{uuid.uuid4().hex[:8]}/"
     cs_cfg = dataclasses.replace(cfg, prefix=run_prefix + "cas")

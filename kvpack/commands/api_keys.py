@@ -19,11 +19,11 @@ import sys
 from sqlalchemy.orm import Session
 
 from catalog.access import ROLES, check_key, create_key, list_keys, parse_token, revoke_key
-from kvpack.commands.common import add_storage_arguments, settings_from_args
+from kvpack.commands.common import Subparsers, add_storage_arguments, settings_from_args
 from kvpack.config import ConfigError
 
 
-def register(sub) -> None:
+def register(sub: Subparsers) -> None:
     storage = argparse.ArgumentParser(add_help=False)
     add_storage_arguments(storage)  # --namespace: create's key namespace, list's filter
     p = sub.add_parser("api-keys", help="create, list or revoke API keys (bearer tokens)")
@@ -67,7 +67,9 @@ def _create(session: Session, args: argparse.Namespace) -> int:
         return 2
     token = create_key(session=session, role=args.role, namespace=args.namespace,
                        label=args.label)  # fmt: skip
-    key_id, _ = parse_token(token)
+    parsed = parse_token(token)
+    assert parsed is not None, "create_key returns a well-formed token"
+    key_id, _ = parsed
     print(f"kvpack api-keys: created {args.role} key {key_id} for namespace "
           f"{args.namespace}", file=sys.stderr)  # fmt: skip
     print(token)

@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from kvpack.commands.common import add_storage_arguments, storage_argv
+from kvpack.commands.common import Subparsers, add_storage_arguments, storage_argv
 
 
 def depths(text: str) -> tuple[int, ...]:
@@ -40,7 +40,7 @@ def add_bench_arguments(p: argparse.ArgumentParser, *, model: str, default_depth
     p.add_argument("--keep-data", action="store_true", help="keep the per-attempt data dirs")
 
 
-def register(sub) -> None:
+def register(sub: Subparsers) -> None:
     p = sub.add_parser("bench", help="cold/warm/miss/durable bench, one fresh server per depth")
     add_bench_arguments(p, model="smollm2", default_depths="256,512,1024,2048")
     add_storage_arguments(p)  # --data-dir: the root of the per-attempt data dirs

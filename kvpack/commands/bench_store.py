@@ -3,12 +3,17 @@ boto3 and the machine's BLAKE3 and AEAD speed (logic in kvpack/bench_store.py)."
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvpack.commands.common import Subparsers
 
 
-def register(sub) -> None:
+def register(sub: Subparsers) -> None:
     p = sub.add_parser("bench-store", help="measure chunk-store put/get per backend (MiB/s)")
     p.add_argument("--total-mib", type=int, default=256, help="bytes moved per leg (MiB)")
     p.add_argument("--chunk-mib", type=int, default=8, help="chunk size (MiB), 4-8 typical")
@@ -22,7 +27,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from cas.s3 import S3Config
     from kvpack.bench.store import BenchOptions, format_table
     from kvpack.bench.store import run as bench

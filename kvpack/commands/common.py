@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 from kvpack.config import ConfigError, Settings
 
@@ -26,17 +26,20 @@ if TYPE_CHECKING:  # alembic, the store and the vault load only when a command r
 
     from kvpack.vault import Vault
 
+# What `add_subparsers` returns: each command's register() adds its parser to it.
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
 STORE_TIMEOUT_S = 30.0
 STORAGE_FLAGS = (  # each is the Settings field of the same name
-    ("--data-dir", "data dir (default ~/.kvpack, or $KVPACK_DATA_DIR)", None),
-    ("--store-url", "object store: file:///dir or s3://bucket/prefix", None),
-    ("--database-url", "catalog SQLAlchemy URL (sqlite:/// or postgresql://)", None),
-    ("--namespace", "tenant namespace (identity salt)", None),
+    ("--data-dir", "data dir (default ~/.kvpack, or $KVPACK_DATA_DIR)", str),
+    ("--store-url", "object store: file:///dir or s3://bucket/prefix", str),
+    ("--database-url", "catalog SQLAlchemy URL (sqlite:/// or postgresql://)", str),
+    ("--namespace", "tenant namespace (identity salt)", str),
     ("--alignment", "token alignment A (default 256)", int),
-    ("--s3-endpoint", "S3 endpoint URL (MinIO, SeaweedFS, ...)", None),
-    ("--s3-region", "S3 region (default us-east-1)", None),
-    ("--s3-access-key", "S3 access key id", None),
-    ("--s3-secret-key", "S3 secret key", None),
+    ("--s3-endpoint", "S3 endpoint URL (MinIO, SeaweedFS, ...)", str),
+    ("--s3-region", "S3 region (default us-east-1)", str),
+    ("--s3-access-key", "S3 access key id", str),
+    ("--s3-secret-key", "S3 secret key", str),
 )
 
 
@@ -81,7 +84,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return Settings.load(config_file=getattr(args, "config", None), **overrides)
 
 
-def run_action(prog: str, actions: dict[str, Callable[[argparse.Namespace], int]], args) -> int:
+def run_action(
+    prog: str, actions: Mapping[str, Callable[[argparse.Namespace], int]], args: argparse.Namespace
+) -> int:
     try:
         return actions[args.action](args)
     except UsageError as e:

@@ -11,10 +11,10 @@ import argparse
 import tempfile
 
 from kvpack.commands import bench
-from kvpack.commands.common import STORAGE_FLAGS, field_of
+from kvpack.commands.common import STORAGE_FLAGS, Subparsers, field_of
 
 
-def register(sub) -> None:
+def register(sub: Subparsers) -> None:
     p = sub.add_parser("demo", help="run the cold/warm/miss/durable bench on the demo model")
     bench.add_bench_arguments(p, model="smollm2", default_depths="256,512,1024")
     p.set_defaults(func=run)

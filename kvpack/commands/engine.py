@@ -8,18 +8,22 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import TYPE_CHECKING
 
 import engine  # noqa: F401  (first: a fast BLAS must load before mlx.core, engine/blas.py)
 
+if TYPE_CHECKING:
+    from kvpack.commands.common import Subparsers
 
-def register(sub) -> None:
+
+def register(sub: Subparsers) -> None:
     p = sub.add_parser("engine", help="inspect models and the engine (identity, ...)")
     engine_sub = p.add_subparsers(dest="engine_command", required=True)
     for register_one in ENGINE_COMMANDS:
         register_one(engine_sub)
 
 
-def register_identity(engine_sub) -> None:
+def register_identity(engine_sub: Subparsers) -> None:
     p = engine_sub.add_parser("identity", help="print a model's identity and its components")
     p.add_argument("--model", default="tiny", help="tiny | smollm2 | model directory | .gguf")
     p.add_argument("--alignment", type=int, default=256)
@@ -47,7 +51,7 @@ def run_identity(args: argparse.Namespace) -> int:
     return 0
 
 
-def register_bench(engine_sub) -> None:
+def register_bench(engine_sub: Subparsers) -> None:
     p = engine_sub.add_parser(
         "bench", help="time prefill vs snapshot/restore (and mlx-lm save/load) per depth"
     )
@@ -66,7 +70,7 @@ def run_bench(args: argparse.Namespace) -> int:
     return bench.main(args.model, depths=depths, alignment=args.alignment)
 
 
-def register_blas(engine_sub) -> None:
+def register_blas(engine_sub: Subparsers) -> None:
     p = engine_sub.add_parser("blas", help="which BLAS serves MLX's matmuls, and how fast")
     p.add_argument("--size", type=int, default=1024, help="square float32 matmul size")
     p.set_defaults(func=run_blas)

@@ -38,7 +38,7 @@ ROTATE_HELP = (
 )
 
 
-def register(sub) -> None:
+def register(sub: common.Subparsers) -> None:
     p = sub.add_parser("keys", help="this vault's producer keys and the keys it trusts",
                        description=__doc__, formatter_class=RAW)  # fmt: skip
     actions = p.add_subparsers(dest="action", required=True)

@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from catalog.access import parse_token
@@ -33,7 +34,7 @@ CHECK_TIMEOUT_S = 5.0
 MAX_BUNDLE_BYTES = 1 << 20
 
 
-def register(sub) -> None:
+def register(sub: common.Subparsers) -> None:
     p = sub.add_parser("peers", parents=[common.storage_parser()],
                        help="list, add or remove the peers this vault imports from",
                        description=__doc__, formatter_class=RAW)  # fmt: skip
@@ -86,7 +87,7 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check(peer: Peer, db) -> str:
+def _check(peer: Peer, db: Engine) -> str:
     """One line: the peer's producer and whether we trust each of its keys, or the error."""
     from catalog import trust
 

@@ -32,7 +32,7 @@ REASON_WIDTH = 60
 ALL = 1 << 30  # `drop --all-refused`: no limit
 
 
-def register(sub) -> None:
+def register(sub: common.Subparsers) -> None:
     p = sub.add_parser("quarantine", help="list, show or drop quarantined peer imports",
                        description=__doc__, formatter_class=RAW)  # fmt: skip
     actions = p.add_subparsers(dest="action", required=True)

@@ -23,12 +23,16 @@ import contextlib
 import ipaddress
 import signal
 import time
+from typing import TYPE_CHECKING
 
-from kvpack.commands.common import add_storage_arguments, settings_from_args
+from kvpack.commands.common import Subparsers, add_storage_arguments, settings_from_args
 from kvpack.config import ConfigError, Settings
 
+if TYPE_CHECKING:  # the service loads the engine: only when serving
+    from kvpack.service.service import Service
 
-def register(sub) -> None:
+
+def register(sub: Subparsers) -> None:
     p = sub.add_parser("serve", help="serve an OpenAI-compatible API backed by the vault")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
@@ -105,7 +109,9 @@ class Deadline:
         return max(0.0, self._ends - time.monotonic())
 
 
-async def _serve(service, settings: Settings, args: argparse.Namespace, deadline: Deadline) -> None:
+async def _serve(
+    service: Service, settings: Settings, args: argparse.Namespace, deadline: Deadline
+) -> None:
     from catalog.db import redacted
     from kvpack.server.app import READY, make_app, start
     from kvpack.server.auth import any_active_key, catalog_authenticator

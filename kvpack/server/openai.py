@@ -246,7 +246,13 @@ def _max_tokens(body: Mapping[str, Any], limits: Limits, room: int, prompt_len: 
 
 
 def _number(
-    body: Mapping[str, Any], name: str, default: float, *, lo: float, hi: float, lo_open=False
+    body: Mapping[str, Any],
+    name: str,
+    default: float,
+    *,
+    lo: float,
+    hi: float,
+    lo_open: bool = False,
 ) -> float:
     value = body.get(name)
     if value is None:

@@ -78,12 +78,15 @@ class Ask:
 
     def bounded(self, *, deeper_than: int | None = None, at_most: int | None = None) -> Ask:
         """The same ask with narrower bounds."""
-        changes: dict[str, int] = {}
         if deeper_than is not None:
-            changes["deeper_than"] = max(self.deeper_than, deeper_than)
-        if at_most is not None:
-            changes["at_most"] = at_most if self.at_most is None else min(self.at_most, at_most)
-        return dataclasses.replace(self, **changes)
+            deeper_than = max(self.deeper_than, deeper_than)
+        if at_most is not None and self.at_most is not None:
+            at_most = min(self.at_most, at_most)
+        return dataclasses.replace(
+            self,
+            deeper_than=self.deeper_than if deeper_than is None else deeper_than,
+            at_most=self.at_most if at_most is None else at_most,
+        )
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from catalog.ledger import PairedTiming
 from engine.slots import Slot
@@ -152,8 +153,7 @@ class Ladder:
         tokens = ask.tokens[:depth]
         for cache in self.caches:
             self.background.submit(
-                f"fill {cache.name}@{depth}",
-                lambda cache=cache: cache.hold(ask.scope, tokens, cut),
+                f"fill {cache.name}@{depth}", partial(cache.hold, ask.scope, tokens, cut)
             )
 
     def _hit(self, ask: Ask, slot: Slot, receipt: CommittedRestore) -> Installed:

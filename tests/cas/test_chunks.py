@@ -60,17 +60,10 @@ def test_namespaces_give_different_ids(object_store, keyring, aio):
         aio.run(b.get(ra))
 
 
-def test_put_digests_once_and_verifies_without_digesting_again(chunk_store, aio, monkeypatch):
+def test_put_digests_once_and_verifies_without_digesting_again(chunk_store, aio, digest_calls):
     """put digests a chunk once (none when the caller passes the id it computed), and its
     check of its own sealed output decrypts and compares instead of hashing again."""
-    calls = []
-    real = ChunkId.of.__func__
-
-    def counting(cls, data, *, key):
-        calls.append(len(data))
-        return real(cls, data, key=key)
-
-    monkeypatch.setattr(ChunkId, "of", classmethod(counting))
+    calls = digest_calls
     data = blob(5000, seed=9)
     ref = aio.run(chunk_store.put(data))
     assert len(calls) == 1

@@ -249,19 +249,10 @@ def test_repeated_parts_share_one_chunk(aio, chunk_store, db_engine):
     assert [(r, bytes(v)) for r, v in loaded.parts] == [("k", same), ("v", same), ("x", b"x")]
 
 
-def test_publish_digests_each_chunk_once(aio, chunk_store, db_engine, monkeypatch):
+def test_publish_digests_each_chunk_once(aio, chunk_store, db_engine, digest_calls):
     """One keyed digest per part on publish: the ids computed up front are the ones the
     store seals under (its check of its own output decrypts and compares, no digest)."""
-    from cas.ids import ChunkId
-
-    calls = []
-    real = ChunkId.of.__func__
-
-    def counting(cls, data, *, key):
-        calls.append(len(data))
-        return real(cls, data, key=key)
-
-    monkeypatch.setattr(ChunkId, "of", classmethod(counting))
+    calls = digest_calls
     parts = payloads(19, n=4)
     aio.run(do_publish(chunk_store, db_engine, tokens(19, 300), parts))
     assert sorted(calls) == sorted(len(p) for _, p in parts)

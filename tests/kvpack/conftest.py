@@ -60,3 +60,13 @@ def shared_settings(request, tmp_path) -> Settings:
         env={},
         **s3_settings(request.getfixturevalue("s3_config")),
     )
+
+
+@pytest.fixture(scope="module")
+def tiny_service(tmp_path_factory) -> Iterator[Service]:
+    """One service on the tiny model for a whole test module (a fresh embedded vault)."""
+    from tests.kvpack.serverkit import open_tiny_service
+
+    svc = open_tiny_service(tmp_path_factory.mktemp("vault"))
+    yield svc
+    svc.close()

@@ -13,14 +13,12 @@ from sqlalchemy.orm import Session
 
 from catalog import access
 from kvpack.server.auth import catalog_authenticator
-from tests.kvpack.serverkit import call, open_tiny_service, running
+from tests.kvpack.serverkit import call, running
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory):
-    svc = open_tiny_service(tmp_path_factory.mktemp("vault"))
-    yield svc
-    svc.close()
+def service(tiny_service):
+    return tiny_service
 
 
 @pytest.fixture(scope="module")

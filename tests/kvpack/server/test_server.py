@@ -12,16 +12,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.slots import SlotPool
-from tests.kvpack.serverkit import SlowService, open_tiny_service, running
+from tests.kvpack.serverkit import SlowService, running
 
 MESSAGES = [{"role": "user", "content": "Tell me about the sea."}]  # tiny: 8+ tokens, no eos
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory):
-    svc = open_tiny_service(tmp_path_factory.mktemp("vault"))
-    yield svc
-    svc.close()
+def service(tiny_service):
+    return tiny_service
 
 
 @pytest.fixture(scope="module")

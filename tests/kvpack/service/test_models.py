@@ -2,12 +2,14 @@
 `tiny` (the `tiny_models` fixture, converted with mlx-lm's own utilities) serve cold =
 warm (resident) = durable bit-identically; a 4-bit and an 8-bit copy on one vault never
 meet each other's cuts; several services share one vault, which only its opener closes;
-a Hugging Face repo id resolves in the cache (the `hub_cache` fixture)."""
+a Hugging Face repo id resolves in the cache (the `hub_cache` fixture). The demo model's
+4-bit and 8-bit copies (the `demo_models` fixture) do the same, slow."""
 
 from __future__ import annotations
 
 import pytest
 
+from kvpack.config import Settings
 from kvpack.service.service import Completion, CompletionRequest, Service
 from kvpack.tiers.resident import ResidentTier
 from kvpack.vault import Vault
@@ -22,9 +24,9 @@ def _cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("KVPACK_CACHE_DIR", str(tmp_path / "kvpack-cache"))
 
 
-def ask(svc: Service, tokens: list[int]) -> tuple[Completion, list[tuple]]:
+def ask(svc: Service, tokens: list[int], max_tokens: int = MAX) -> tuple[Completion, list[tuple]]:
     """A greedy completion and the slot's cache bytes after it (prompt and decode)."""
-    done = svc.complete(CompletionRequest(tokens=tokens, max_tokens=MAX))
+    done = svc.complete(CompletionRequest(tokens=tokens, max_tokens=max_tokens))
     slot = svc.tenant("default").pool.slot(0)
     return done, physical(slot)
 
@@ -131,3 +133,43 @@ def test_a_hugging_face_repo_id_serves_cold_warm_and_durable(settings, hub_cache
         fresh.close()
     assert [c.tier for c in (cold, warm, durable)] == ["none", "resident", "durable"]
     assert cold.tokens == warm.tokens == durable.tokens
+
+
+DEMO_A = 32  # quantized kernels are slow on a CPU: a short chat prompt spans a few blocks
+QUESTION = [{"role": "user", "content": "Name the largest planet of the solar system."}]
+
+
+@pytest.mark.slow
+def test_the_demo_models_quantized_copies_through_the_service(tmp_path, demo_models):
+    """The demo model's 4-bit and 8-bit copies on one vault: each cold = resident =
+    durable (a fresh service, no resident budget) in tokens and cache bytes, and neither
+    is ever served the other's cuts."""
+    settings = Settings.load(data_dir=tmp_path / "vault", alignment=DEMO_A, env={})
+    results: dict[str, list[tuple[Completion, list[tuple]]]] = {}
+    vault = Vault.open(settings)
+    try:
+        resident = ResidentTier()  # one resident tier too: neither sees the other's there
+        services = {
+            v: Service.open(settings, model=str(demo_models[v]), vault=vault, resident=resident)
+            for v in ("q4", "q8")
+        }
+        tokens = services["q4"].loaded.tokenizer.apply_chat_template(QUESTION)
+        assert len(tokens) > DEMO_A
+        for v, svc in services.items():
+            results[v] = [ask(svc, tokens, max_tokens=8)]
+            assert svc.flush(120)
+        for v, svc in services.items():
+            results[v].append(ask(svc, tokens, max_tokens=8))
+            svc.close()
+        for v in services:
+            fresh = Service.open(
+                settings, model=str(demo_models[v]), vault=vault, resident_budget_bytes=0
+            )
+            results[v].append(ask(fresh, tokens, max_tokens=8))
+            fresh.close()
+    finally:
+        vault.close()
+    for v, runs in results.items():
+        assert [c.tier for c, _ in runs] == ["none", "resident", "durable"], v
+        assert runs[0][0].tokens == runs[1][0].tokens == runs[2][0].tokens, v
+        assert runs[0][1] == runs[1][1] == runs[2][1], v

@@ -25,7 +25,7 @@ SYSTEM = (
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("question", nargs="?", default="Name the largest planet of the solar system.")
+    p.add_argument("question", nargs="?", default="What is the capital of France?")
     p.add_argument("--model", default="smollm2", help="a name, mlx-lm dir, .gguf or org/name")
     p.add_argument("--data-dir", help="the vault (default: $KVPACK_DATA_DIR or ~/.kvpack)")
     p.add_argument("--max-tokens", type=int, default=32)

@@ -189,3 +189,24 @@ def test_open_reads_the_settings_kvpack_serve_reads(tmp_path, monkeypatch):
         s = vault.settings
         assert (s.data_dir, s.namespace, s.alignment) == (tmp_path / "from-env", "given", TINY_A)
     assert (tmp_path / "from-env" / "catalog.sqlite3").is_file()
+
+
+def test_a_hugging_face_repo_id_cold_warm_and_durable(settings, open_vault, hub_cache):
+    """vault.model("kvpack-test/tiny") reads the cached snapshot of main; its tag "v1" is
+    the 4-bit copy, another identity. The repo id serves cold, then resident, then durable
+    on a new vault client, with one text."""
+    vault = open_vault(settings)
+    model = vault.model("kvpack-test/tiny", hf_cache=hub_cache)
+    tagged = vault.model("kvpack-test/tiny@v1", hf_cache=hub_cache)
+    assert model.name == "kvpack-test/tiny" and model.path.parent.name == "snapshots"
+    assert tagged.path != model.path and tagged.identity != model.identity
+    cold = model.generate(TEXT, max_tokens=MAX)
+    assert vault.flush(60)
+    warm = model.generate(TEXT, max_tokens=MAX)
+    vault.close()
+    again = open_vault(settings, resident_budget_bytes=0).model(
+        "kvpack-test/tiny", hf_cache=hub_cache
+    )
+    durable = again.generate(TEXT, max_tokens=MAX)
+    assert [c.tier for c in (cold, warm, durable)] == ["none", "resident", "durable"]
+    assert cold.text == warm.text == durable.text and cold.tokens == durable.tokens

@@ -115,7 +115,7 @@ def open(
     """Open the vault the settings name (the catalog migrated to head, as `kvpack serve`
     does). Unset arguments come from the environment, then `config_file`, then the
     defaults (kvpack/config.py); or pass complete `settings` and nothing else."""
-    given = {
+    given: dict[str, Any] = {
         "data_dir": data_dir,
         "store_url": store_url,
         "database_url": database_url,

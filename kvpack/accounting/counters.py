@@ -1,8 +1,10 @@
 """Hit accounting: counters that prove what the vault served, in Prometheus text format.
 
 Words (see DESIGN.md):
-- hit: authenticated state restored and committed into an engine slot (invariant 4).
-  Nothing else is a hit, so `Accounting.count_hit` takes only a `CommittedRestore`.
+- hit: authenticated state restored and committed into an engine slot (invariant 4),
+  or built through the same gate into the mlx-lm caches the Python API hands out
+  (kvpack/service/interop.py). Nothing else is a hit, so `Accounting.count_hit` takes
+  only a `CommittedRestore`.
 - committed-restore receipt (`CommittedRestore`): proof that a swap returned. Its only
   public producer is `commit_restore(swap, ...)`, which runs the swap callable and hands
   back a receipt only if it returned without raising; the class refuses direct

@@ -36,7 +36,9 @@ def register(sub: Subparsers) -> None:
     p = sub.add_parser("serve", help="serve an OpenAI-compatible API backed by the vault")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    p.add_argument("--model", default="smollm2", help="tiny | smollm2 | model dir | .gguf")
+    p.add_argument("--model", default="smollm2",
+                   help="tiny | smollm2 | model dir | .gguf | org/name[@revision] from the "
+                        "local Hugging Face cache (never downloaded)")  # fmt: skip
     p.add_argument("--slots", type=int, default=1, help="engine slots per tenant")
     p.add_argument("--max-tokens", type=int, default=4096, help="ceiling on one completion")
     p.add_argument("--context-length", type=int, help="default: the model's configuration")

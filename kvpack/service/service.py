@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -88,7 +89,10 @@ class Service:
         resident: ResidentTier | None = None,
         durable_every: int = DURABLE_EVERY,
         background_capacity: int = DEFAULT_CAPACITY,
+        close_vault: bool = False,
     ) -> None:
+        """`close_vault`: close() closes the vault too (Service.open sets it for a vault it
+        opened itself; a vault several services share is closed by whoever opened it)."""
         if durable_every < 1 or durable_every % loaded.alignment:
             raise InvalidRequest(
                 "durable_every", f"must be a positive multiple of {loaded.alignment}"
@@ -120,6 +124,7 @@ class Service:
         self._tenants: dict[str, Tenant] = {}
         self._tenants_lock = threading.Lock()
         self._closed = False
+        self._close_vault = close_vault
         self.tenant(loaded.identity.namespace)
 
     @classmethod
@@ -128,28 +133,44 @@ class Service:
         settings: Settings,
         *,
         model: str,
+        vault: Vault | None = None,
+        resident: ResidentTier | None = None,
         num_slots: int = 1,
         resident_budget_bytes: int = DEFAULT_BUDGET_BYTES,
         durable_every: int = DURABLE_EVERY,
         background_capacity: int = DEFAULT_CAPACITY,
         io_timeout_s: float = DEFAULT_TIMEOUT_S,
+        adapter: str | Path | None = None,
+        hf_cache: str | Path | None = None,
     ) -> Service:
         """The service the settings describe: its vault opened (catalog migrated), the
-        model loaded, and the configured peers used."""
-        loaded = load_model(model, alignment=settings.alignment, namespace=settings.namespace)
-        vault = Vault.open(settings, timeout_s=io_timeout_s)
+        model loaded (`adapter`, `hf_cache`: as load_model takes them), and the configured
+        peers used. `vault` / `resident`: ones to share with other services (several
+        models on one vault); a shared vault stays open when this service closes."""
+        loaded = load_model(
+            model,
+            alignment=settings.alignment,
+            namespace=settings.namespace,
+            adapter=adapter,
+            hf_cache=hf_cache,
+        )
+        own = vault is None
+        if vault is None:
+            vault = Vault.open(settings, timeout_s=io_timeout_s)
         try:
             service = cls(
                 loaded=loaded,
                 vault=vault,
                 num_slots=num_slots,
-                resident=ResidentTier(resident_budget_bytes),
+                resident=resident if resident is not None else ResidentTier(resident_budget_bytes),
                 durable_every=durable_every,
                 background_capacity=background_capacity,
+                close_vault=own,
             )
             peers = load_peers(settings.peers_path)
         except BaseException:
-            vault.close()
+            if own:
+                vault.close()
             raise
         if peers:
             service.use_peers(peers, timeout_s=settings.peer_timeout_s)
@@ -309,9 +330,9 @@ class Service:
         return self.background.flush(timeout)
 
     def close(self, timeout: float = 30.0) -> int:
-        """Drain background work (bounded wait), then release the store, loop and database;
-        returns how many background jobs did not finish in time. Closing twice is a
-        no-op."""
+        """Drain background work (bounded wait), then release the store, loop and database
+        when this service opened the vault; returns how many background jobs did not
+        finish in time. Closing twice is a no-op."""
         if self._closed:
             return 0
         self._closed = True
@@ -320,5 +341,6 @@ class Service:
             if self.remote is not None:
                 self.remote.close()
         finally:
-            self.vault.close()
+            if self._close_vault:
+                self.vault.close()
         return unfinished

@@ -18,6 +18,8 @@ Every tier answers the same two questions (kvpack/tiers/base.py). The ladder:
    slower tier served, and a paired timing is recorded when this process prefilled the
    same cut. Those run in the background, never on the response path.
 5. miss: the slot is reset and the request prefills from scratch.
+Steps 2-5 are `restore(ask, install)` for any installer: `serve` installs into a slot,
+kvpack/service/interop.py into mlx-lm's own caches (the same gate and build, so a hit).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import TypeVar
 
 from catalog.ledger import PairedTiming
 from engine.slots import Slot
@@ -38,6 +41,7 @@ from kvpack.tiers.base import OUTAGES, VERIFICATION_FAILURES, Ask, Cache, Candid
 from kvpack.tiers.session import Tenant
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -85,14 +89,26 @@ class Ladder:
         slot = tenant.lru_slot()
         tenant.touch(slot)
         ask = Ask.of(tenant.scope, tokens)
+        found = self.restore(ask, lambda cut: slot.restore(cut, prompt=ask.tokens))
+        if found is None:
+            slot.reset()
+            return Installed(slot, "none", 0)
+        _, receipt = found
+        return Installed(slot, receipt.tier, receipt.depth, receipt.restore_seconds)
+
+    def restore(
+        self, ask: Ask, install: Callable[[Snapshot | Planes], T]
+    ) -> tuple[T, CommittedRestore] | None:
+        """Steps 2-5 without the session rung: the planned candidates, deepest first,
+        through `install` (a slot's restore, or mlx-lm caches built through the same gate);
+        the first that returns is the hit, with its result. None is a miss (counted)."""
         tiers = self.tiers
         for candidate in self.plan(ask):
-            installed = self._try(tiers[candidate.tier], candidate, ask, slot)
-            if installed is not None:
-                return installed
-        slot.reset()
-        self.accounting.count_miss(namespace=ns)
-        return Installed(slot, "none", 0)
+            found = self._try(tiers[candidate.tier], candidate, ask, install)
+            if found is not None:
+                return found
+        self.accounting.count_miss(namespace=ask.scope.namespace)
+        return None
 
     def plan(self, ask: Ask) -> list[Candidate]:
         """Every candidate worth loading, in the order to try them (no side effects)."""
@@ -118,12 +134,18 @@ class Ladder:
             log.warning("%s lookup unavailable: %s", tier.name, e)
             return None
 
-    def _try(self, tier: Tier, candidate: Candidate, ask: Ask, slot: Slot) -> Installed | None:
+    def _try(
+        self,
+        tier: Tier,
+        candidate: Candidate,
+        ask: Ask,
+        install: Callable[[Snapshot | Planes], T],
+    ) -> tuple[T, CommittedRestore] | None:
         started = time.perf_counter()
         try:
             loaded = tier.load(candidate, ask)
-            _, receipt = commit_restore(
-                lambda: slot.restore(loaded.cut, prompt=ask.tokens),
+            result, receipt = commit_restore(
+                lambda: install(loaded.cut),
                 tier=tier.name,
                 depth=candidate.depth,
                 manifest_bytes=loaded.manifest_bytes,
@@ -146,7 +168,8 @@ class Ladder:
         tier.served(candidate, ask)
         if tier not in self.caches:
             self._fill(ask, candidate.depth, loaded.cut)
-        return self._hit(ask, slot, receipt)
+        self._hit(ask, receipt)
+        return result, receipt
 
     def _fill(self, ask: Ask, depth: int, cut: Snapshot | Planes) -> None:
         """Hold state a slower tier served in every cache (off the response path)."""
@@ -156,11 +179,10 @@ class Ladder:
                 f"fill {cache.name}@{depth}", partial(cache.hold, ask.scope, tokens, cut)
             )
 
-    def _hit(self, ask: Ask, slot: Slot, receipt: CommittedRestore) -> Installed:
+    def _hit(self, ask: Ask, receipt: CommittedRestore) -> None:
         self.accounting.count_hit(receipt)
         timing = self.clock.pair(
             identity=ask.scope.identity, chain=ask.chain.at(receipt.depth), receipt=receipt
         )
         if timing is not None:
             self.background.submit("pair", lambda: self.record_timing(timing))
-        return Installed(slot, receipt.tier, receipt.depth, receipt.restore_seconds)

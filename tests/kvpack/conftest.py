@@ -1,6 +1,6 @@
 """Fixtures for the kvpack tests: settings on a fresh embedded vault (A = 64), a service
-factory that closes what it opened, and settings shared by two service instances on the
-embedded default or on S3 + PostgreSQL."""
+factory and a Python-API vault factory that close what they opened, and settings shared
+by two service instances on the embedded default or on S3 + PostgreSQL."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from cas.s3 import S3Config
+from kvpack import api
 from kvpack.config import Settings
 from kvpack.service.service import Service
 from tests.engine.slotkit import TINY_A
@@ -42,6 +43,21 @@ def open_service() -> Iterator[Callable[..., Service]]:
     yield make
     for svc in opened:
         svc.close()
+
+
+@pytest.fixture
+def open_vault() -> Iterator[Callable[..., api.VaultClient]]:
+    """kvpack.open(settings=..., **options), closed after the test."""
+    opened: list[api.VaultClient] = []
+
+    def make(settings: Settings, **kw) -> api.VaultClient:
+        client = api.open(settings=settings, **kw)
+        opened.append(client)
+        return client
+
+    yield make
+    for client in opened:
+        client.close()
 
 
 @pytest.fixture(params=["embedded", pytest.param("s3+postgres", marks=[pytest.mark.s3])])

@@ -6,7 +6,8 @@
   them with the plaintext (verify before trusting our own output), then put-if-absent
   under
   object_key("chunk", id). "Existed" is success once the stored object has a plausible
-  sealed size; one that does not (a truncated leftover) is replaced.
+  sealed size (any key id, any format that still opens); one that does not (a
+  truncated leftover) is replaced.
 - get / get_many: every chunk is tag-verified and re-hashed before its bytes are
   returned; a chunk that fails raises ChunkCorrupt / ChunkMissing and the whole call
   returns nothing.
@@ -28,7 +29,7 @@ from cas.errors import ChunkCorrupt, ChunkMissing, ObjectMissing, ObjectTooLarge
 from cas.ids import ChunkId
 from cas.keys import Keyring
 from cas.layout import object_key
-from cas.seal import ChunkSeal, max_sealed_size, sealed_size
+from cas.seal import ChunkSeal, max_sealed_size, plausible_sizes
 from cas.store import ObjectInfo, ObjectStore
 
 T = TypeVar("T")
@@ -83,8 +84,7 @@ class ChunkStore:
             return ref
         # Existed: equal ids carry equal plaintext, so the object is ours unless damaged.
         info = await self._stat_or_none(key)
-        plausible = {sealed_size(ref.size, k) for k in self.keyring.keys}
-        if info is not None and info.size in plausible:
+        if info is not None and info.size in plausible_sizes(ref.size, tuple(self.keyring.keys)):
             return ref
         if info is not None:  # a damaged object would poison every later dedup: replace it
             await self.objects.delete(key)

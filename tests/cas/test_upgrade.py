@@ -30,11 +30,14 @@ def v1_vault(chunk_store: ChunkStore, aio, blobs: list[bytes]) -> list[ChunkRef]
 
 
 def test_v1_vault_reads_back_bit_identically(chunk_store, aio):
-    """get and get_many return exactly what the format 1 writer stored."""
+    """get, get_many and get_into return exactly what the format 1 writer stored."""
     blobs = [os.urandom(5000 + i) for i in range(5)]
     refs = v1_vault(chunk_store, aio, blobs)
     assert aio.run(chunk_store.get_many(refs)).tobytes() == b"".join(blobs)
     assert aio.run(chunk_store.get(refs[2])) == blobs[2]
+    outs = [memoryview(bytearray(r.size)) for r in refs]
+    aio.run(chunk_store.get_into(refs, outs))
+    assert [o.tobytes() for o in outs] == blobs
 
 
 def test_v1_chunk_dedups_without_being_rewritten(chunk_store, aio):

@@ -15,16 +15,35 @@
   `Planes.decode`, which both give a well-formed layout; treat the layout as read-only.
 - Planes: a cut as bytes — the layout and one encoded part (a frame, engine/codec/frame.py)
   per role. What the vault stores: the layout in the manifest, one chunk per part.
+  `verified` says the bytes were checked against a content digest before they got here
+  (the durable tier's chunks are tag-verified and re-hashed by cas): decode then skips
+  each frame's own digest, which exists for bytes nobody has verified.
+- part buffer: writable bytes in MLX memory (`part_buffer`), for a reader to fill with
+  one part. A part given as a whole part buffer decodes without a copy: its arrays are
+  views of the buffer (where each array is naturally aligned in it; one copy into MLX
+  otherwise), so its bytes must not change once decoded.
 
-`Snapshot.planes()` is the one copy out of MLX memory; `Planes.decode()` the one copy in.
-Parts and Snapshots compare (and hash) by identity — comparing arrays elementwise has no
-single truth value; Planes, being bytes, compare by value.
+`Snapshot.planes()` is the one copy out of MLX memory; `Planes.decode()` copies in at
+most once. Parts and Snapshots compare (and hash) by identity — comparing arrays
+elementwise has no single truth value; Planes, being bytes, compare by value.
+
+Copies per byte from the object store to the slot, on the durable read path (cas
+ChunkStore.get_into into part buffers, verified Planes, Slot.restore):
+- local directory: 1 the kernel's read into cas's scratch buffer, 2 the decryption into
+  the part buffer (the re-hash reads it, copying nothing), then 0 to decode; a block's
+  bytes take 1 more when install joins the blocks into the KV cache at its capacity
+  (mlx-lm's KVCache is one buffer per layer), ring and logits bytes none (the cache holds
+  views of the part buffer). Block bytes 3 copies, ring and logits bytes 2.
+- S3: one more at the start (socket to aiohttp's buffer, then into the scratch buffer):
+  block bytes 4, ring and logits bytes 3.
+- plus one for an array that is not naturally aligned in its frame (the frame header's
+  length decides; MLX views must be aligned to their dtype).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
@@ -99,6 +118,7 @@ class Planes:
 
     layout: Mapping[str, Any]
     parts: tuple[tuple[str, bytes | memoryview], ...]  # (role, part bytes)
+    verified: bool = field(default=False, compare=False)  # checked against a content digest
 
     @property
     def identity(self) -> bytes:
@@ -120,6 +140,25 @@ class Planes:
         """Strict: PlanesInvalid / PlaneCorrupt on anything that is not what encode wrote.
         Shapes are checked against a model later, by restore's gate."""
         return _codec().decode(self)
+
+
+def part_buffer(nbytes: int) -> memoryview:
+    """`nbytes` writable bytes in MLX memory, for one part's bytes (see the module words)."""
+    if not isinstance(nbytes, int) or nbytes < 0:
+        raise ValueError(f"a part buffer needs a size >= 0, got {nbytes!r}")
+    buf = mx.zeros((nbytes,), dtype=mx.uint8)  # a fresh buffer of its own, never shared
+    mx.eval(buf)
+    return memoryview(buf)
+
+
+def mlx_bytes(data: bytes | memoryview) -> mx.array | None:
+    """The MLX array `data` spans when it is all of a part buffer, else None."""
+    if not isinstance(data, memoryview) or not data.contiguous:
+        return None
+    base = data.obj
+    if not isinstance(base, mx.array) or base.dtype != mx.uint8 or base.ndim != 1:
+        return None
+    return base if data.nbytes == base.nbytes else None
 
 
 def _codec() -> Any:

@@ -131,7 +131,7 @@ def decode(planes: Planes) -> Snapshot:
             raise PlanesInvalid(role, f"unknown part kind {name!r}")
         if name != kind.KIND:
             raise PlanesInvalid(role, f"a {name!r} part where the layout lists {kind.KIND!r}")
-        header, arrays = frame.decode_part(role, data)
+        header, arrays = frame.decode_part(role, data, verified=planes.verified)
         if header.get("kind") != name:
             raise PlanesInvalid(role, f"part is a {header.get('kind')!r}, role says {name!r}")
         decoded[role] = kind.decode(role, entry, header, arrays)

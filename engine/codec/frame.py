@@ -8,8 +8,10 @@
   uint16 bits.
 
 Equal arrays give equal bytes, so equal blocks dedup in the store; a flipped byte is
-caught here (PlaneCorrupt) even without the store's seal. Dtypes come from the explicit
-DTYPES registry; anything else is refused (PlanesInvalid), never guessed at.
+caught here (PlaneCorrupt) even without the store's seal — unless the caller says the
+bytes are verified already (a chunk re-hashed against its content digest), when the
+digest is not computed a second time. Dtypes come from the explicit DTYPES registry;
+anything else is refused (PlanesInvalid), never guessed at.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 
 from engine.errors import PlaneCorrupt, PlanesInvalid
 from engine.identity import PACK_FORMAT_VERSION
+from engine.state import mlx_bytes
 
 FORMAT = PACK_FORMAT_VERSION
 MAGIC = b"KVPL"
@@ -74,8 +77,13 @@ def encode_part(kind: str, arrays: Sequence[mx.array], **fields: Any) -> bytes:
     return bytes(buf)
 
 
-def decode_part(role: str, data: bytes | memoryview) -> tuple[dict[str, Any], list[mx.array]]:
-    """(header, arrays) of one frame; PlaneCorrupt when its digest does not match."""
+def decode_part(
+    role: str, data: bytes | memoryview, *, verified: bool = False
+) -> tuple[dict[str, Any], list[mx.array]]:
+    """(header, arrays) of one frame, evaluated; PlaneCorrupt when its digest does not
+    match. `verified`: the bytes were checked against a content digest already, so the
+    frame's own digest is not computed again. Arrays are views of `data` when it is a part
+    buffer (engine.state.part_buffer) and they are aligned in it, else one copy each."""
     view = memoryview(data).cast("B")
     if len(view) < _PREFIX.size + _DIGEST:
         raise PlanesInvalid(role, f"{len(view)} bytes is shorter than a part prefix")
@@ -88,27 +96,36 @@ def decode_part(role: str, data: bytes | memoryview) -> tuple[dict[str, Any], li
     if hlen > _MAX_HEADER or start > len(view):
         raise PlanesInvalid(role, f"header length {hlen} does not fit in {len(view)} bytes")
     raw_header = view[_PREFIX.size : _PREFIX.size + hlen]
-    digest = blake3.blake3(raw_header)
-    digest.update(view[start:])
-    if digest.digest() != bytes(view[start - _DIGEST : start]):
-        raise PlaneCorrupt(role, "digest does not match the bytes")
+    if not verified:
+        digest = blake3.blake3(raw_header)
+        digest.update(view[start:])
+        if digest.digest() != bytes(view[start - _DIGEST : start]):
+            raise PlaneCorrupt(role, "digest does not match the bytes")
     try:
         header = json.loads(bytes(raw_header))
         specs = [(str(name), tuple(int(n) for n in shape)) for name, shape in header["arrays"]]
     except (ValueError, TypeError, KeyError) as e:
         raise PlanesInvalid(role, f"malformed header: {e}") from e
+    base = mlx_bytes(data)
+    at = np.frombuffer(view, dtype=np.uint8).ctypes.data if base is not None else 0
     arrays, pos = [], start
     for name, shape in specs:
         if name not in DTYPES:
             raise PlanesInvalid(role, f"unknown dtype {name!r}")
         mx_dtype, np_dtype = DTYPES[name]
         count = int(np.prod(shape)) if shape else 1
-        if min(shape, default=1) < 0 or pos + count * np_dtype.itemsize > len(view):
+        size = count * np_dtype.itemsize
+        if min(shape, default=1) < 0 or pos + size > len(view):
             raise PlanesInvalid(role, f"array {name}{list(shape)} overruns the part")
-        host = np.frombuffer(view, dtype=np_dtype, count=count, offset=pos).reshape(shape)
-        arr = mx.array(host)  # the one copy into MLX memory
-        arrays.append(arr.view(mx_dtype) if mx_dtype == mx.bfloat16 else arr)
-        pos += count * np_dtype.itemsize
+        if base is not None and (at + pos) % np_dtype.itemsize == 0:
+            arr = base[pos : pos + size].view(mx_dtype).reshape(shape)  # a view, no copy
+        else:
+            host = np.frombuffer(view, dtype=np_dtype, count=count, offset=pos).reshape(shape)
+            arr = mx.array(host)  # the one copy into MLX memory
+            arr = arr.view(mx_dtype) if mx_dtype == mx.bfloat16 else arr
+        arrays.append(arr)
+        pos += size
     if pos != len(view):
         raise PlanesInvalid(role, f"{len(view) - pos} trailing bytes after the arrays")
+    mx.eval(arrays)
     return header, arrays

@@ -203,18 +203,31 @@ async def publish(
 
 
 async def load_cut(
-    *, chunks: ChunkStore, keyring: Keyring, cut: Cut, identity: IdentityDigest
+    *,
+    chunks: ChunkStore,
+    keyring: Keyring,
+    cut: Cut,
+    identity: IdentityDigest,
+    alloc: Callable[[int], memoryview] | None = None,
 ) -> LoadedCut:
-    """Fetch and verify a cut: MAC, identity, agreement with its row, then every chunk."""
+    """Fetch and verify a cut: MAC, identity, agreement with its row, then every chunk.
+
+    `alloc(size)` gives each part's destination, in manifest order (a writable buffer of
+    exactly `size` bytes: the engine's part buffers, so the chunks decrypt straight into
+    MLX memory); without it the parts are views of one buffer."""
     sealed = await _open_cut(chunks, keyring, cut, identity)
     manifest = sealed.manifest
     refs = [ChunkRef(p.chunk_id, p.size) for p in manifest.parts]
-    buffer = await chunks.get_many(refs)
-    out, offset = [], 0
-    for p in manifest.parts:
-        out.append((p.role, buffer[offset : offset + p.size]))
-        offset += p.size
-    return LoadedCut(manifest, out, sealed.signature)
+    if alloc is None:
+        buffer, areas, offset = await chunks.get_many(refs), [], 0
+        for p in manifest.parts:
+            areas.append(buffer[offset : offset + p.size])
+            offset += p.size
+    else:
+        areas = [alloc(p.size) for p in manifest.parts]
+        await chunks.get_into(refs, areas)
+    parts = [(p.role, area) for p, area in zip(manifest.parts, areas, strict=True)]
+    return LoadedCut(manifest, parts, sealed.signature)
 
 
 # -- steps -----------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from cas.local import LocalDirStore
 from catalog.errors import ManifestInvalid, ManifestMissing, StaleGeneration
 from catalog.manifest import Manifest, open_manifest, seal_manifest
 from catalog.models import ChunkRow, ManifestChunkRow, ManifestRow
+from catalog.publish import load_cut
 from tests.catalog.helpers import ALICE, BOB, do_publish, find, load_of, payloads, tokens
 
 
@@ -42,6 +43,28 @@ def test_publish_then_find_and_load(aio, chunk_store, db_engine):
     with Session(db_engine) as s:
         rows = s.execute(select(ManifestChunkRow.role).order_by(ManifestChunkRow.ordinal)).all()
         assert [r.role for r in rows] == [r for r, _ in parts]
+
+
+def test_load_into_the_callers_buffers(aio, chunk_store, db_engine):
+    """load_cut(alloc=...): each part is decrypted straight into the buffer alloc gave for
+    its size, in manifest order — the returned views are those very buffers."""
+    h, parts = tokens(2, 300), payloads(2, size=700)
+    aio.run(do_publish(chunk_store, db_engine, h, parts))
+    given: list[bytearray] = []
+
+    def alloc(size: int) -> memoryview:
+        given.append(bytearray(size))
+        return memoryview(given[-1])
+
+    cut = find(db_engine, h)
+    load = load_cut(
+        chunks=chunk_store, keyring=chunk_store.keyring, cut=cut, identity=ALICE, alloc=alloc
+    )
+    loaded = aio.run(load)
+    assert [len(b) for b in given] == [len(p) for _, p in parts]
+    assert [r for r, _ in loaded.parts] == [r for r, _ in parts]
+    assert all(v.obj is b for (_, v), b in zip(loaded.parts, given, strict=True))
+    assert [bytes(b) for b in given] == [p for _, p in parts]
 
 
 def test_same_history_twice_is_one_manifest(aio, chunk_store, db_engine):

@@ -7,7 +7,7 @@
   under object_key("chunk", id). "Existed" is success once the stored object has a
   plausible sealed size (any key id, any format that still opens); one that does not (a
   truncated leftover) is replaced.
-- get_into: every chunk fetched into a scratch buffer (cas/scratch.py), then opened —
+- get_into: every chunk fetched into a scratch buffer (cas/buffers.py), then opened —
   tag-verified, decrypted straight into the caller's destination and hashed once against
   its id. Fetch and open are pipelined: up to max_concurrency chunks are in flight, each
   fetching or opening in a worker thread. A chunk that fails raises ChunkCorrupt /
@@ -23,8 +23,8 @@ continues in engine/state.py.
 Memory: get_into holds up to max_concurrency scratch buffers of the largest sealed chunk
 in flight; the pool keeps that many between calls (8 × 11.25 MiB ≈ 90 MiB for the demo
 model's blocks; pass one ScratchPool to share it between stores). get_many adds one
-output buffer (the sum of the ref sizes). put_many holds max_concurrency sealed copies of
-its inputs the same way.
+output buffer, the sum of the ref sizes (a fresh buffer, cas/buffers.py). put_many holds
+max_concurrency sealed copies of its inputs the same way.
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from cas.buffers import ScratchPool, fresh_buffer
 from cas.errors import ChunkCorrupt, ChunkMissing, ObjectMissing, ObjectTooLarge
 from cas.ids import ChunkId
 from cas.keys import Keyring
 from cas.layout import object_key
-from cas.scratch import ScratchPool
 from cas.seal import ChunkSeal, max_sealed_size, plausible_sizes
 from cas.store import ObjectInfo, ObjectStore
 
@@ -127,7 +127,7 @@ class ChunkStore:
 
     async def get_many(self, refs: Sequence[ChunkRef]) -> memoryview:
         """Every chunk, verified, laid end to end in one preallocated buffer in ref order."""
-        out = memoryview(bytearray(sum(r.size for r in refs)))
+        out = fresh_buffer(sum(r.size for r in refs))
         areas, offset = [], 0
         for ref in refs:
             areas.append(out[offset : offset + ref.size])

@@ -10,9 +10,9 @@ from contextlib import contextmanager
 
 import pytest
 
+from cas.buffers import HUGE_PAGE, ScratchPool, fresh_buffer
 from cas.chunks import ChunkStore
 from cas.errors import ChunkMissing, ObjectMissing
-from cas.scratch import ScratchPool
 from tests.cas.faults import Wrapper
 
 
@@ -133,3 +133,14 @@ def test_scratch_pool_lends_and_keeps():
     assert pool.held_bytes == 0
     with pytest.raises(ValueError):
         ScratchPool(keep=-1)
+
+
+def test_fresh_buffers_are_writable_zeros_of_the_size_asked():
+    """fresh_buffer: small (a bytearray) and large (a mapping) alike, exactly `size`
+    writable zero bytes that keep what is written, independent of each other."""
+    for size in (0, 10, HUGE_PAGE - 1, HUGE_PAGE, 3 * HUGE_PAGE + 5):
+        a, b = fresh_buffer(size), fresh_buffer(size)
+        assert a.nbytes == size and not a.readonly and a.tobytes() == bytes(size)
+        if size:
+            a[size - 1] = 7
+            assert a[size - 1] == 7 and b[size - 1] == 0

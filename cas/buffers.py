@@ -1,10 +1,14 @@
-"""Scratch buffers: where sealed bytes land before they are opened into their destination.
+"""Buffers on the read path: reused scratch buffers, and fresh buffers without a fill pass.
 
 - scratch buffer: one sealed chunk's landing place between the object store and the
   seal. Reusing it spares a fresh zero-filled allocation, and its page faults, per chunk.
 - ScratchPool: lends buffers of at least a size and keeps at most `keep` of them between
-  loans (the largest); its memory cost is about keep × the largest sealed chunk read through it.
-  Thread-safe, so ChunkStores of several namespaces may share one.
+  loans (the largest); its memory cost is about keep × the largest sealed chunk read
+  through it. Thread-safe, so ChunkStores of several namespaces may share one.
+- fresh buffer (`fresh_buffer`): writable memory for bytes about to be written in full.
+  bytearray(n) fills n zeros first, a pass over memory that is then overwritten (and a
+  page fault per 4 KiB); a large fresh buffer is a private anonymous mapping the kernel
+  zeroes as it is first touched, in huge pages where it offers them (Linux THP).
 
 A buffer whose loan ends by cancellation is not taken back: a worker thread of the
 object store may still be writing into it, and the next chunk read into it would then
@@ -14,6 +18,7 @@ fail its tag for no fault of its own.
 from __future__ import annotations
 
 import asyncio
+import mmap
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -58,3 +63,16 @@ class ScratchPool:
             self._free.append(buf)
             self._free.sort(key=len)  # pop() lends the largest
             del self._free[: max(0, len(self._free) - self.keep)]  # keep the largest
+
+
+HUGE_PAGE = 2 << 20  # below this, a bytearray's fill costs less than a mapping
+
+
+def fresh_buffer(size: int) -> memoryview:
+    """`size` writable bytes (zeros); see the module docstring."""
+    if size < HUGE_PAGE:
+        return memoryview(bytearray(size))
+    area = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):  # Linux
+        area.madvise(mmap.MADV_HUGEPAGE)
+    return memoryview(area)

@@ -17,6 +17,7 @@ anything else is refused (PlanesInvalid), never guessed at.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -106,26 +107,44 @@ def decode_part(
         specs = [(str(name), tuple(int(n) for n in shape)) for name, shape in header["arrays"]]
     except (ValueError, TypeError, KeyError) as e:
         raise PlanesInvalid(role, f"malformed header: {e}") from e
-    base = mlx_bytes(data)
-    at = np.frombuffer(view, dtype=np.uint8).ctypes.data if base is not None else 0
-    arrays, pos = [], start
+    runs, pos = [], start  # runs of equal (dtype, shape): [name, shape, offset, size, count]
     for name, shape in specs:
         if name not in DTYPES:
             raise PlanesInvalid(role, f"unknown dtype {name!r}")
-        mx_dtype, np_dtype = DTYPES[name]
-        count = int(np.prod(shape)) if shape else 1
-        size = count * np_dtype.itemsize
+        size = math.prod(shape) * DTYPES[name][1].itemsize
         if min(shape, default=1) < 0 or pos + size > len(view):
             raise PlanesInvalid(role, f"array {name}{list(shape)} overruns the part")
-        if base is not None and (at + pos) % np_dtype.itemsize == 0:
-            arr = base[pos : pos + size].view(mx_dtype).reshape(shape)  # a view, no copy
+        if runs and runs[-1][:2] == [name, shape]:
+            runs[-1][4] += 1
         else:
-            host = np.frombuffer(view, dtype=np_dtype, count=count, offset=pos).reshape(shape)
-            arr = mx.array(host)  # the one copy into MLX memory
-            arr = arr.view(mx_dtype) if mx_dtype == mx.bfloat16 else arr
-        arrays.append(arr)
+            runs.append([name, shape, pos, size, 1])
         pos += size
     if pos != len(view):
         raise PlanesInvalid(role, f"{len(view) - pos} trailing bytes after the arrays")
+    base = mlx_bytes(data)
+    at = np.frombuffer(view, dtype=np.uint8).ctypes.data if base is not None else 0
+    arrays: list[mx.array] = []
+    for name, shape, offset, size, count in runs:
+        mx_dtype, np_dtype = DTYPES[name]
+        if base is not None and (at + offset) % np_dtype.itemsize == 0:
+            arrays += _views(base[offset : offset + count * size].view(mx_dtype), shape, count)
+            continue
+        for i in range(count):
+            n = size // np_dtype.itemsize
+            host = np.frombuffer(view, dtype=np_dtype, count=n, offset=offset + i * size)
+            arr = mx.array(host.reshape(shape))  # the one copy into MLX memory
+            arrays.append(arr.view(mx_dtype) if mx_dtype == mx.bfloat16 else arr)
     mx.eval(arrays)
     return header, arrays
+
+
+def _views(flat: mx.array, shape: tuple[int, ...], count: int) -> list[mx.array]:
+    """`count` arrays of `shape` laid end to end in `flat`, as views of it."""
+    if count == 1:
+        return [flat.reshape(shape)]
+    if not shape or shape[0] == 0:  # nothing to split along: slice each
+        size = math.prod(shape)
+        return [flat[i * size : (i + 1) * size].reshape(shape) for i in range(count)]
+    # One split instead of a slice per array: a part holds dozens of equal arrays.
+    stacked = flat.reshape((count * shape[0], *shape[1:]))
+    return mx.split(stacked, count, axis=0)

@@ -38,8 +38,10 @@ def test_part_buffer_is_writable_mlx_memory():
 
 
 def _aligned_frame(dtype) -> tuple[bytes, list[mx.array]]:
-    """A one-array frame whose payload starts naturally aligned (the index pads the header)."""
-    arrays = [mx.arange(24, dtype=mx.float32).reshape(2, 3, 4).astype(dtype)]
+    """A frame of three equal-shaped arrays whose payload starts naturally aligned (the
+    index pads the header)."""
+    base = mx.arange(24, dtype=mx.float32).reshape(2, 3, 4)
+    arrays = [(base + 100 * i).astype(dtype) for i in range(3)]
     for index in (0, 10, 100, 1000):  # headers one byte apart
         data = frame.encode_part("block", arrays, index=index, length=3)
         if (len(data) - arrays[0].nbytes) % 4 == 0:
@@ -54,12 +56,35 @@ def test_aligned_part_in_a_part_buffer_decodes_to_views(dtype):
     data, src = _aligned_frame(dtype)
     buf = part_buffer(len(data))
     buf[:] = data
-    _, (arr,) = frame.decode_part("block/0", buf, verified=True)
-    assert arr.dtype == dtype and mx.array_equal(arr, src[0]).item()
+    _, out = frame.decode_part("block/0", buf, verified=True)
+    assert [a.dtype for a in out] == [dtype] * 3
+    assert all(mx.array_equal(a, b).item() for a, b in zip(out, src, strict=True))
     size = src[0].itemsize
-    second = len(data) - src[0].nbytes + size
-    buf[second : second + size] = bytes(size)  # element [0, 0, 1]: 1 -> 0
-    assert arr[0, 0, 1].item() == 0
+    second = len(data) - src[0].nbytes + size  # the last array's element [0, 0, 1]
+    buf[second : second + size] = bytes(size)
+    assert out[2][0, 0, 1].item() == 0 and out[1][0, 0, 1].item() == 101
+
+
+def test_part_buffer_decodes_like_bytes_whatever_the_shapes():
+    """Runs of equal arrays, scalars, empty arrays and mixed dtypes decode from a part buffer
+    to exactly what they decode to from plain bytes."""
+    arrays = [
+        mx.arange(6, dtype=mx.float32).reshape(2, 3),
+        mx.arange(6, dtype=mx.float32).reshape(2, 3) * 2,
+        mx.array(1.5),
+        mx.array(2.5),
+        mx.zeros((0, 4)),
+        mx.zeros((0, 4)),
+        mx.arange(5, dtype=mx.float32).astype(mx.bfloat16),
+        mx.arange(3, dtype=mx.float16),
+    ]
+    data = frame.encode_part("block", arrays, index=0, length=2)
+    buf = part_buffer(len(data))
+    buf[:] = data
+    _, want = frame.decode_part("block/0", data)
+    _, got = frame.decode_part("block/0", buf, verified=True)
+    assert [(a.dtype, a.shape) for a in got] == [(a.dtype, a.shape) for a in want]
+    assert all(mx.array_equal(a, b).item() for a, b in zip(got, want, strict=True))
 
 
 def test_misaligned_array_is_copied_not_viewed():

@@ -21,8 +21,9 @@ chunks are not all stored (DESIGN invariant 6). In order:
 
 load_cut: the manifest object a Cut names (the Cut carries its catalog row's
 facts, so nothing is read from the catalog again), its MAC, then its identity,
-depth, chain, bytes and generation against the row's, then every chunk
-verified. Nothing unverified is returned. A manifest object that is gone is a
+depth, chain, bytes and generation against the row's (open_cut), then every chunk
+verified (load_parts, into one buffer or into buffers the caller gives once it has
+read the manifest). Nothing unverified is returned. A manifest object that is gone is a
 verification failure (ManifestMissing), not an outage: its row promises it.
 
 Generation: a hybrid clock per process (wall-clock nanoseconds, bumped to stay
@@ -203,31 +204,39 @@ async def publish(
 
 
 async def load_cut(
-    *,
-    chunks: ChunkStore,
-    keyring: Keyring,
-    cut: Cut,
-    identity: IdentityDigest,
-    alloc: Callable[[int], memoryview] | None = None,
+    *, chunks: ChunkStore, keyring: Keyring, cut: Cut, identity: IdentityDigest
 ) -> LoadedCut:
-    """Fetch and verify a cut: MAC, identity, agreement with its row, then every chunk.
+    """Fetch and verify a cut: MAC, identity, agreement with its row, then every chunk
+    (open_cut, then load_parts into one buffer)."""
+    sealed = await open_cut(chunks=chunks, keyring=keyring, cut=cut, identity=identity)
+    parts = await load_parts(chunks=chunks, manifest=sealed.manifest)
+    return LoadedCut(sealed.manifest, parts, sealed.signature)
 
-    `alloc(size)` gives each part's destination, in manifest order (a writable buffer of
-    exactly `size` bytes: the engine's part buffers, so the chunks decrypt straight into
-    MLX memory); without it the parts are views of one buffer."""
-    sealed = await _open_cut(chunks, keyring, cut, identity)
-    manifest = sealed.manifest
+
+async def open_cut(
+    *, chunks: ChunkStore, keyring: Keyring, cut: Cut, identity: IdentityDigest
+) -> SealedManifest:
+    """The manifest a cut's row names, verified (MAC, identity, agreement with the row)."""
+    return await _open_cut(chunks, keyring, cut, identity)
+
+
+async def load_parts(
+    *, chunks: ChunkStore, manifest: Manifest, into: Sequence[memoryview] | None = None
+) -> list[tuple[str, memoryview]]:
+    """(role, bytes) of every part of a verified manifest, in its order, each chunk
+    verified. `into`: one writable buffer per part of exactly its size, which the chunk is
+    decrypted straight into (the engine's part buffers: allocate them on the thread that
+    runs MLX); without it the parts are views of one buffer."""
     refs = [ChunkRef(p.chunk_id, p.size) for p in manifest.parts]
-    if alloc is None:
+    if into is None:
         buffer, areas, offset = await chunks.get_many(refs), [], 0
         for p in manifest.parts:
             areas.append(buffer[offset : offset + p.size])
             offset += p.size
     else:
-        areas = [alloc(p.size) for p in manifest.parts]
+        areas = [memoryview(area) for area in into]
         await chunks.get_into(refs, areas)
-    parts = [(p.role, area) for p, area in zip(manifest.parts, areas, strict=True)]
-    return LoadedCut(manifest, parts, sealed.signature)
+    return [(p.role, area) for p, area in zip(manifest.parts, areas, strict=True)]
 
 
 # -- steps -----------------------------------------------------------------------------

@@ -143,7 +143,8 @@ class Planes:
 
 
 def part_buffer(nbytes: int) -> memoryview:
-    """`nbytes` writable bytes in MLX memory, for one part's bytes (see the module words)."""
+    """`nbytes` writable bytes in MLX memory, for one part's bytes (see the module words).
+    It runs an MLX op: call it on the thread that runs MLX, then let any thread write."""
     if not isinstance(nbytes, int) or nbytes < 0:
         raise ValueError(f"a part buffer needs a size >= 0, got {nbytes!r}")
     buf = mx.zeros((nbytes,), dtype=mx.uint8)  # a fresh buffer of its own, never shared

@@ -15,7 +15,7 @@ from cas.local import LocalDirStore
 from catalog.errors import ManifestInvalid, ManifestMissing, StaleGeneration
 from catalog.manifest import Manifest, open_manifest, seal_manifest
 from catalog.models import ChunkRow, ManifestChunkRow, ManifestRow
-from catalog.publish import load_cut
+from catalog.publish import load_parts, open_cut
 from tests.catalog.helpers import ALICE, BOB, do_publish, find, load_of, payloads, tokens
 
 
@@ -45,25 +45,21 @@ def test_publish_then_find_and_load(aio, chunk_store, db_engine):
         assert [r.role for r in rows] == [r for r, _ in parts]
 
 
-def test_load_into_the_callers_buffers(aio, chunk_store, db_engine):
-    """load_cut(alloc=...): each part is decrypted straight into the buffer alloc gave for
-    its size, in manifest order — the returned views are those very buffers."""
+def test_load_parts_into_the_callers_buffers(aio, chunk_store, db_engine):
+    """open_cut then load_parts(into=...): each part is decrypted straight into the buffer
+    given for it, in manifest order — the returned views are those very buffers."""
     h, parts = tokens(2, 300), payloads(2, size=700)
     aio.run(do_publish(chunk_store, db_engine, h, parts))
-    given: list[bytearray] = []
-
-    def alloc(size: int) -> memoryview:
-        given.append(bytearray(size))
-        return memoryview(given[-1])
-
     cut = find(db_engine, h)
-    load = load_cut(
-        chunks=chunk_store, keyring=chunk_store.keyring, cut=cut, identity=ALICE, alloc=alloc
+    sealed = aio.run(
+        open_cut(chunks=chunk_store, keyring=chunk_store.keyring, cut=cut, identity=ALICE)
     )
-    loaded = aio.run(load)
+    given = [bytearray(p.size) for p in sealed.manifest.parts]
     assert [len(b) for b in given] == [len(p) for _, p in parts]
-    assert [r for r, _ in loaded.parts] == [r for r, _ in parts]
-    assert all(v.obj is b for (_, v), b in zip(loaded.parts, given, strict=True))
+    into = [memoryview(b) for b in given]
+    got = aio.run(load_parts(chunks=chunk_store, manifest=sealed.manifest, into=into))
+    assert [r for r, _ in got] == [r for r, _ in parts]
+    assert all(v.obj is b for (_, v), b in zip(got, given, strict=True))
     assert [bytes(b) for b in given] == [p for _, p in parts]
 
 

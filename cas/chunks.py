@@ -48,6 +48,7 @@ T = TypeVar("T")
 # 1 leave S3 latency unhidden.
 DEFAULT_CONCURRENCY = 4
 Blob = bytes | bytearray | memoryview
+Destination = Blob | Sequence[Blob]  # one writable buffer, or segments filled in order
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,26 +140,21 @@ class ChunkStore:
         await self.get_into(refs, areas)
         return out
 
-    async def get_into(self, refs: Sequence[ChunkRef], outs: Sequence[memoryview]) -> None:
-        """Every chunk verified and decrypted straight into its destination: `outs[i]`, a
-        writable buffer of exactly refs[i].size bytes. On an error the destinations hold
-        garbage and must not be used."""
+    async def get_into(self, refs: Sequence[ChunkRef], outs: Sequence[Destination]) -> None:
+        """Every chunk verified and decrypted straight into its destination `outs[i]`: a
+        writable buffer of exactly refs[i].size bytes, or segments — writable buffers whose
+        sizes add up to it, filled in order (the chunk's pieces land where each belongs).
+        On an error the destinations hold garbage and must not be used."""
         if len(refs) != len(outs):
             raise ValueError(f"{len(refs)} refs for {len(outs)} destinations")
-        areas = [memoryview(o).cast("B") for o in outs]
-        for ref, area in zip(refs, areas, strict=True):
-            if area.readonly or area.nbytes != ref.size:
-                raise ValueError(
-                    f"destination of chunk {ref.id.short} must be {ref.size} writable bytes, "
-                    f"got {area.nbytes}{' read-only' if area.readonly else ''}"
-                )
+        areas = [_destination(ref, out) for ref, out in zip(refs, outs, strict=True)]
         jobs = [
             lambda ref=ref, area=area: self._fetch_into(ref, area)
             for ref, area in zip(refs, areas, strict=True)
         ]
         await self._bounded(jobs)
 
-    async def _fetch_into(self, ref: ChunkRef, area: memoryview) -> None:
+    async def _fetch_into(self, ref: ChunkRef, area: memoryview | list[memoryview]) -> None:
         with self.scratch.lend(max_sealed_size(ref.size)) as scratch:
             try:
                 n = await self.objects.get_into(self.key(ref.id), scratch)
@@ -169,7 +165,7 @@ class ChunkStore:
                 raise ChunkCorrupt(ref.id, reason) from e
             await _finished(self._open, ref, scratch[:n], area)
 
-    def _open(self, ref: ChunkRef, sealed: memoryview, area: memoryview) -> None:
+    def _open(self, ref: ChunkRef, sealed: memoryview, area: memoryview | list[memoryview]) -> None:
         self._seal.open_into(ref.id, sealed, area, digest_key=self._digest_key)
 
     async def contains(self, chunk_id: ChunkId) -> bool:
@@ -188,6 +184,19 @@ class ChunkStore:
 
     async def _bounded(self, jobs: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
         return await bounded(jobs, self.max_concurrency)
+
+
+def _destination(ref: ChunkRef, out: Destination) -> memoryview | list[memoryview]:
+    """`out` as byte views; ValueError unless writable and exactly the chunk's size."""
+    one = isinstance(out, bytes | bytearray | memoryview)
+    views = [memoryview(b).cast("B") for b in ([out] if one else out)]
+    size = sum(v.nbytes for v in views)
+    if size != ref.size or any(v.readonly for v in views):
+        ro = " (read-only)" if any(v.readonly for v in views) else ""
+        raise ValueError(
+            f"destination of chunk {ref.id.short} must be {ref.size} writable bytes, got {size}{ro}"
+        )
+    return views[0] if one else views
 
 
 async def _finished(fn: Callable[..., T], *args: object) -> T:

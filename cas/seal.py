@@ -55,8 +55,11 @@ What opening refuses (ChunkCorrupt unless said otherwise; nothing is returned):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import blake3
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, AESGCMSIV
 
 from cas.errors import ChunkCorrupt
@@ -109,9 +112,12 @@ class ChunkSeal:
         self.keyring = keyring
         self._v1: dict[str, AESGCMSIV] = {}
 
-    def _chunk_aead(self, key_id: str | None, head: bytes, chunk_id: ChunkId) -> AESGCM:
+    def _chunk_key(self, key_id: str | None, head: bytes, chunk_id: ChunkId) -> bytes:
         _, kdf_key = self.keyring.subkey(PURPOSE, key_id)  # UnknownKey
-        return AESGCM(blake3.blake3(head + chunk_id.raw, key=kdf_key).digest())
+        return blake3.blake3(head + chunk_id.raw, key=kdf_key).digest()
+
+    def _chunk_aead(self, key_id: str | None, head: bytes, chunk_id: ChunkId) -> AESGCM:
+        return AESGCM(self._chunk_key(key_id, head, chunk_id))
 
     def _v1_aead(self, key_id: str) -> AESGCMSIV:
         if key_id not in self._v1:
@@ -152,16 +158,23 @@ class ChunkSeal:
         self,
         chunk_id: ChunkId,
         sealed: bytes | bytearray | memoryview,
-        out: memoryview,
+        out: memoryview | Sequence[memoryview],
         *,
         digest_key: bytes,
     ) -> None:
-        """Verify and decrypt into `out` (exactly the plaintext size), then hash the
-        plaintext once against the id. ChunkCorrupt, UnknownKey. On error `out` holds
-        garbage and must not be used."""
-        self._decrypt(chunk_id, memoryview(sealed), out)
-        # One thread: get_many opens chunks in parallel, which beats a threaded hash here.
-        if blake3.blake3(out, key=digest_key).digest() != chunk_id.raw:
+        """Verify and decrypt into `out`, then hash the plaintext once against the id.
+        `out` is one buffer of exactly the plaintext size, or segments (writable buffers
+        whose sizes add up to it) that the plaintext fills in order, so it can land straight
+        where its pieces belong. ChunkCorrupt, UnknownKey. On error `out` holds garbage
+        and must not be used."""
+        sealed = memoryview(sealed)
+        if isinstance(out, memoryview):
+            self._decrypt(chunk_id, sealed, out)
+            # One thread: get_many opens chunks in parallel, which beats a threaded hash here.
+            digest = blake3.blake3(out, key=digest_key).digest()
+        else:
+            digest = self._decrypt_segments(chunk_id, sealed, out, digest_key)
+        if digest != chunk_id.raw:
             raise ChunkCorrupt(chunk_id, "plaintext does not hash to the chunk id")
 
     def open(
@@ -172,10 +185,7 @@ class ChunkSeal:
         return bytes(out)
 
     def _decrypt(self, chunk_id: ChunkId, sealed: memoryview, out: memoryview) -> None:
-        start, head, key_id, version = _parse(chunk_id, sealed)
-        size = len(sealed) - start - TAG_SIZE
-        if size != out.nbytes:
-            raise ChunkCorrupt(chunk_id, f"holds {size} plaintext bytes, expected {out.nbytes}")
+        start, head, key_id, version = _sized(chunk_id, sealed, out.nbytes)
         aad = head + chunk_id.raw
         try:
             if version == VERSION:
@@ -186,6 +196,39 @@ class ChunkSeal:
                 self._v1_aead(key_id).decrypt_into(nonce, sealed[start:], aad, out)
         except InvalidTag:
             raise ChunkCorrupt(chunk_id, "seal tag does not verify") from None
+
+    def _decrypt_segments(
+        self, chunk_id: ChunkId, sealed: memoryview, segments: Sequence[memoryview], key: bytes
+    ) -> bytes:
+        """Decrypt into `segments` in order; the plaintext's keyed digest."""
+        segments = [memoryview(s).cast("B") for s in segments]
+        size = sum(s.nbytes for s in segments)
+        start, head, key_id, version = _sized(chunk_id, sealed, size)
+        hasher = blake3.blake3(key=key)
+        if version == VERSION_V1:  # GCM-SIV cannot stream: open whole, then scatter
+            whole = memoryview(bytearray(len(sealed) - start - TAG_SIZE))
+            self._decrypt(chunk_id, sealed, whole)
+            pos = 0
+            for seg in segments:
+                seg[:] = whole[pos : pos + seg.nbytes]
+                pos += seg.nbytes
+            hasher.update(whole)
+            return hasher.digest()
+        # GCM is a stream: segment by segment, with the tag checked at the end.
+        chunk_key = self._chunk_key(key_id, head, chunk_id)
+        tag = bytes(sealed[len(sealed) - TAG_SIZE :])
+        stream = Cipher(algorithms.AES(chunk_key), modes.GCM(ZERO_NONCE, tag)).decryptor()
+        stream.authenticate_additional_data(head + chunk_id.raw)
+        pos = start
+        for seg in segments:
+            stream.update_into(sealed[pos : pos + seg.nbytes], seg)
+            hasher.update(seg)
+            pos += seg.nbytes
+        try:
+            stream.finalize()
+        except InvalidTag:
+            raise ChunkCorrupt(chunk_id, "seal tag does not verify") from None
+        return hasher.digest()
 
 
 def _parse(
@@ -210,3 +253,12 @@ def _parse(
     if version == VERSION_V1 and bytes(sealed[end:start]) != chunk_id.raw[:NONCE_SIZE]:
         raise ChunkCorrupt(chunk_id, "nonce does not belong to the chunk id")
     return start, bytes(sealed[:end]), key_id, version
+
+
+def _sized(chunk_id: ChunkId, sealed: memoryview, size: int) -> tuple[int, bytes, str, int]:
+    """_parse, and ChunkCorrupt unless the plaintext is `size` bytes."""
+    start, head, key_id, version = _parse(chunk_id, sealed)
+    held = len(sealed) - start - TAG_SIZE
+    if held != size:
+        raise ChunkCorrupt(chunk_id, f"holds {held} plaintext bytes, expected {size}")
+    return start, head, key_id, version

@@ -144,3 +144,19 @@ def test_fresh_buffers_are_writable_zeros_of_the_size_asked():
         if size:
             a[size - 1] = 7
             assert a[size - 1] == 7 and b[size - 1] == 0
+
+
+def test_get_into_segments(chunk_store, aio):
+    """A destination may be segments: each chunk fills its pieces in order (a strided
+    layout: every other 100 bytes of one buffer); segments of the wrong total are a
+    ValueError before anything is fetched."""
+    data = [os.urandom(1000), os.urandom(300)]
+    refs = aio.run(chunk_store.put_many(data))
+    target = memoryview(bytearray(2000))
+    strided = [target[i : i + 100] for i in range(0, 2000, 200)]
+    plain = memoryview(bytearray(300))
+    aio.run(chunk_store.get_into(refs, [strided, [plain[:10], plain[10:]]]))
+    assert b"".join(s.tobytes() for s in strided) == data[0] and plain.tobytes() == data[1]
+    assert all(target[i + 100 : i + 200].tobytes() == bytes(100) for i in range(0, 2000, 200))
+    with pytest.raises(ValueError):
+        aio.run(chunk_store.get_into(refs[:1], [strided[:-1]]))

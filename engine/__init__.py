@@ -1,7 +1,8 @@
 """engine — compute: MLX models, slots, aligned prefill, decode, plane export, restore.
 
 Callers use engine.models (load_model, LoadedModel), engine.slots (SlotPool, Slot),
-engine.sampling, engine.state (Snapshot, Planes, Part), engine.identity and engine.errors;
+engine.sampling, engine.state (Snapshot, Planes, Part, part_buffer), engine.intake
+(Intake, from Slot.intake), engine.identity and engine.errors;
 engine.codec is the engine's own: the plane format and one module per cache kind.
 """
 

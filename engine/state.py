@@ -27,17 +27,19 @@
 most once. Parts and Snapshots compare (and hash) by identity — comparing arrays
 elementwise has no single truth value; Planes, being bytes, compare by value.
 
-Copies per byte from the object store to the slot, on the durable read path (cas
-ChunkStore.get_into into part buffers, verified Planes, Slot.restore):
-- local directory: 1 the kernel's read into cas's scratch buffer, 2 the decryption into
-  the part buffer (the re-hash reads it, copying nothing), then 0 to decode; a block's
-  bytes take 1 more when install joins the blocks into the KV cache at its capacity
-  (mlx-lm's KVCache is one buffer per layer), ring and logits bytes none (the cache holds
-  views of the part buffer). Block bytes 3 copies, ring and logits bytes 2.
-- S3: one more at the start (socket to aiohttp's buffer, then into the scratch buffer):
-  block bytes 4, ring and logits bytes 3.
-- plus one for an array that is not naturally aligned in its frame (the frame header's
-  length decides; MLX views must be aligned to their dtype).
+Copies per byte from the object store to the slot, on the durable read path:
+- into an intake (engine/intake.py: Slot.intake, cas ChunkStore.get_into with its
+  segments, Slot.restore): local directory 2 — the kernel's read into cas's scratch
+  buffer, the decryption straight into the slot's own cache buffers (the re-hash reads
+  them, copying nothing); S3 3 (socket to aiohttp's buffer, then into the scratch
+  buffer, then the decryption). Nothing is decoded or joined afterwards.
+- through part buffers (ChunkStore.get_into into part_buffer()s, verified Planes,
+  Slot.restore): as above into the part buffers, then 0 to decode (views), and 1 more for
+  a block's bytes when install joins the blocks into the KV cache at its capacity (mlx-lm's
+  KVCache is one buffer per layer); ring and logits bytes none (the cache holds views of
+  the part buffer), and 1 more for an array not naturally aligned in its frame (the frame
+  header's length decides; MLX views must be aligned to their dtype). Local: block bytes
+  3, ring and logits bytes 2; S3 one more each.
 """
 
 from __future__ import annotations

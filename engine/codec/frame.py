@@ -33,7 +33,7 @@ from engine.state import mlx_bytes
 FORMAT = PACK_FORMAT_VERSION
 MAGIC = b"KVPL"
 _PREFIX = struct.Struct("<4sHI")  # magic, format, header length
-_DIGEST = 32
+DIGEST_SIZE = 32
 _MAX_HEADER = 1 << 20
 
 # dtype name -> (mlx dtype, numpy dtype of the raw bytes); bfloat16 travels as uint16.
@@ -57,24 +57,31 @@ def _host(a: mx.array) -> np.ndarray:
     return np.asarray(a)
 
 
-def encode_part(kind: str, arrays: Sequence[mx.array], **fields: Any) -> bytes:
-    """One frame: prefix, header, digest, payload. Deterministic for equal arrays."""
+def head(kind: str, arrays: Sequence[mx.array], **fields: Any) -> bytes:
+    """A frame's first bytes, prefix and header, for these arrays and fields: what
+    encode_part writes before the digest (and what an intake expects to receive)."""
     specs = [(_dtype_name(a), list(a.shape)) for a in arrays]  # JSON: [name, shape]
     header = json.dumps(
         {"kind": kind, **fields, "arrays": specs}, sort_keys=True, separators=(",", ":")
     ).encode()
-    start = _PREFIX.size + len(header) + _DIGEST
+    return _PREFIX.pack(MAGIC, FORMAT, len(header)) + header
+
+
+def encode_part(kind: str, arrays: Sequence[mx.array], **fields: Any) -> bytes:
+    """One frame: prefix, header, digest, payload. Deterministic for equal arrays."""
+    first = head(kind, arrays, **fields)
+    start = len(first) + DIGEST_SIZE
     buf = bytearray(start + sum(a.nbytes for a in arrays))
-    _PREFIX.pack_into(buf, 0, MAGIC, FORMAT, len(header))
-    buf[_PREFIX.size : _PREFIX.size + len(header)] = header
+    buf[: len(first)] = first
     pos = start
-    for a, (name, shape) in zip(arrays, specs, strict=True):
+    for a in arrays:
+        name = _dtype_name(a)
         dest = np.frombuffer(buf, dtype=DTYPES[name][1], count=a.size, offset=pos)
-        np.copyto(dest.reshape(shape), _host(a))  # the one copy out of MLX memory
+        np.copyto(dest.reshape(a.shape), _host(a))  # the one copy out of MLX memory
         pos += a.nbytes
-    digest = blake3.blake3(memoryview(buf)[_PREFIX.size : _PREFIX.size + len(header)])
+    digest = blake3.blake3(memoryview(buf)[_PREFIX.size : len(first)])
     digest.update(memoryview(buf)[start:])
-    buf[start - _DIGEST : start] = digest.digest()
+    buf[len(first) : start] = digest.digest()
     return bytes(buf)
 
 
@@ -86,21 +93,21 @@ def decode_part(
     frame's own digest is not computed again. Arrays are views of `data` when it is a part
     buffer (engine.state.part_buffer) and they are aligned in it, else one copy each."""
     view = memoryview(data).cast("B")
-    if len(view) < _PREFIX.size + _DIGEST:
+    if len(view) < _PREFIX.size + DIGEST_SIZE:
         raise PlanesInvalid(role, f"{len(view)} bytes is shorter than a part prefix")
     magic, fmt, hlen = _PREFIX.unpack_from(view, 0)
     if magic != MAGIC:
         raise PlanesInvalid(role, f"bad magic {bytes(magic)!r}")
     if fmt != FORMAT:
         raise PlanesInvalid(role, f"unsupported part format {fmt} (this engine reads {FORMAT})")
-    start = _PREFIX.size + hlen + _DIGEST
+    start = _PREFIX.size + hlen + DIGEST_SIZE
     if hlen > _MAX_HEADER or start > len(view):
         raise PlanesInvalid(role, f"header length {hlen} does not fit in {len(view)} bytes")
     raw_header = view[_PREFIX.size : _PREFIX.size + hlen]
     if not verified:
         digest = blake3.blake3(raw_header)
         digest.update(view[start:])
-        if digest.digest() != bytes(view[start - _DIGEST : start]):
+        if digest.digest() != bytes(view[start - DIGEST_SIZE : start]):
             raise PlaneCorrupt(role, "digest does not match the bytes")
     try:
         header = json.loads(bytes(raw_header))

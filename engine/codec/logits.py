@@ -73,3 +73,17 @@ def gate(pool: SlotPool, snap: Snapshot, parts: Sequence[Part]) -> None:
 
 def install(pool: SlotPool, snap: Snapshot, parts: Sequence[Part], shadow: SlotState) -> None:
     shadow.logits = parts[0].arrays[0] if parts else None
+
+
+def receive(pool: SlotPool, layout: Mapping[str, Any], shadow: SlotState) -> list[Part]:
+    """A fresh (lazy) logits row in the shadow, and its Part, when the layout has logits."""
+    if not witnessed(layout):
+        return []
+    shadow.logits = mx.zeros((layout["logits"]["vocab"],), dtype=pool.logits_dtype)
+    return [Part(layout["logits"]["role"], (shadow.logits,), {})]
+
+
+def segments(pool: SlotPool, part: Part, shadow: SlotState) -> list[memoryview]:
+    """Where the received logits go: the shadow's row."""
+    assert shadow.logits is not None
+    return [memoryview(shadow.logits).cast("B")]

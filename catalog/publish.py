@@ -44,7 +44,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from cas.chunks import Blob, ChunkRef, ChunkStore
+from cas.chunks import Blob, ChunkRef, ChunkStore, Destination
 from cas.errors import ObjectMissing
 from cas.ids import ChunkId
 from cas.keys import Keyring
@@ -221,12 +221,14 @@ async def open_cut(
 
 
 async def load_parts(
-    *, chunks: ChunkStore, manifest: Manifest, into: Sequence[memoryview] | None = None
-) -> list[tuple[str, memoryview]]:
+    *, chunks: ChunkStore, manifest: Manifest, into: Sequence[Destination] | None = None
+) -> list[tuple[str, Destination]]:
     """(role, bytes) of every part of a verified manifest, in its order, each chunk
-    verified. `into`: one writable buffer per part of exactly its size, which the chunk is
-    decrypted straight into (the engine's part buffers: allocate them on the thread that
-    runs MLX); without it the parts are views of one buffer."""
+    verified. `into`: each part's destination, which its chunk is decrypted straight into
+    — a writable buffer of exactly its size (the engine's part buffers), or segments
+    filled in order (an engine intake's, which are the slot's own cache memory); allocate
+    MLX destinations on the thread that runs MLX. Without it the parts are views of one
+    buffer."""
     refs = [ChunkRef(p.chunk_id, p.size) for p in manifest.parts]
     if into is None:
         buffer, areas, offset = await chunks.get_many(refs), [], 0
@@ -234,7 +236,7 @@ async def load_parts(
             areas.append(buffer[offset : offset + p.size])
             offset += p.size
     else:
-        areas = [memoryview(area) for area in into]
+        areas = list(into)
         await chunks.get_into(refs, areas)
     return [(p.role, area) for p, area in zip(manifest.parts, areas, strict=True)]
 

@@ -47,7 +47,8 @@ def test_publish_then_find_and_load(aio, chunk_store, db_engine):
 
 def test_load_parts_into_the_callers_buffers(aio, chunk_store, db_engine):
     """open_cut then load_parts(into=...): each part is decrypted straight into the buffer
-    given for it, in manifest order — the returned views are those very buffers."""
+    (or the segments) given for it, in manifest order — the returned views are those very
+    buffers."""
     h, parts = tokens(2, 300), payloads(2, size=700)
     aio.run(do_publish(chunk_store, db_engine, h, parts))
     cut = find(db_engine, h)
@@ -61,6 +62,11 @@ def test_load_parts_into_the_callers_buffers(aio, chunk_store, db_engine):
     assert [r for r, _ in got] == [r for r, _ in parts]
     assert all(v.obj is b for (_, v), b in zip(got, given, strict=True))
     assert [bytes(b) for b in given] == [p for _, p in parts]
+    # Segments: the first part in two pieces of one buffer, filled in order.
+    pieces = memoryview(bytearray(len(parts[0][1])))
+    into = [[pieces[:300], pieces[300:]], *into[1:]]
+    aio.run(load_parts(chunks=chunk_store, manifest=sealed.manifest, into=into))
+    assert pieces.tobytes() == parts[0][1]
 
 
 def test_same_history_twice_is_one_manifest(aio, chunk_store, db_engine):

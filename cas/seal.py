@@ -24,10 +24,10 @@ Sealed chunk, format version 1 (still opens; nothing seals it any more):
 Why format 2 never repeats a key/nonce pair. The nonce is a constant, so the claim is
 that one chunk key never encrypts two different (plaintext, AAD) pairs. K is a PRF
 (keyed BLAKE3 under a 256-bit vault secret) of exactly the AAD, header | chunk id, so
-two seals share a key only if they share the header and the chunk id (a PRF output
-collision is a 2^-128 birthday bound over every chunk ever sealed). The chunk id is the
-namespace-keyed BLAKE3 of the plaintext (cas/ids.py), so a shared id means the same
-plaintext (again short of a 2^-128 collision, across namespaces too: a 256-bit output).
+two seals share a key only if they share the header and the chunk id (or two different
+inputs collide in 256 bits: about n^2 / 2^257 over n chunks ever sealed). The chunk id
+is the namespace-keyed BLAKE3 of the plaintext (cas/ids.py), so a shared id means the
+same plaintext (short of the same 256-bit collision bound, across namespaces too).
 Sealing is deterministic, so equal plaintext seals to equal bytes and dedups. The id is
 computed from the very bytes sealed — by ChunkStore.put, or by its caller from the same
 immutable buffer (catalog/publish.py) — and even a caller that paired an id with other
@@ -38,9 +38,10 @@ never approached; AES-256, not AES-128, because every chunk key shares the nonce
 key search against N targets at once costs 2^256 / N.
 
 What opening refuses (ChunkCorrupt unless said otherwise; nothing is returned):
-- a flipped byte: in the magic or version, "bad magic" / "unsupported version"; in the
-  key id, UnknownKey or a failed tag (another K and AAD); in the ciphertext or the tag,
-  a failed tag;
+- a flipped byte: in the magic or version, "bad magic" / "unsupported version" (a
+  format 2 chunk relabelled format 1 would open under format 1's key, which never sealed
+  it: nonce or tag); in the key id, UnknownKey or a failed tag (another K and AAD); in
+  the ciphertext or the tag, a failed tag;
 - truncation or padding: the plaintext size the object implies differs from the size
   the caller expects (the manifest's), or it is shorter than a header and a tag;
 - a chunk relabelled to another id (stored or opened under another chunk's name):
@@ -51,6 +52,10 @@ What opening refuses (ChunkCorrupt unless said otherwise; nothing is returned):
   UnknownKey;
 - a chunk validly sealed by a key holder over other plaintext: the tag verifies, the
   re-hash against the chunk id does not.
+
+Opening into segments (open_into with a list of buffers) decrypts format 2 as a stream:
+plaintext reaches the caller's buffers before the tag is checked at the end, so on any
+error those buffers hold garbage; the caller uses nothing until open_into returns.
 """
 
 from __future__ import annotations

@@ -4,17 +4,27 @@
 - put: digest (or take the id the caller already computed with `chunk_id`, so a
   publish digests each chunk once), seal, open the sealed bytes again and compare
   them with the plaintext (verify before trusting our own output), then put-if-absent
-  under
-  object_key("chunk", id). "Existed" is success once the stored object has a plausible
-  sealed size; one that does not (a truncated leftover) is replaced.
-- get / get_many: every chunk is tag-verified and re-hashed before its bytes are
-  returned; a chunk that fails raises ChunkCorrupt / ChunkMissing and the whole call
-  returns nothing.
+  under object_key("chunk", id). "Existed" is success once the stored object has a
+  plausible sealed size (any key id, any format that still opens); one that does not (a
+  truncated leftover) is replaced.
+- get_into: every chunk fetched into a scratch buffer (cas/buffers.py), then opened —
+  tag-verified, decrypted straight into the caller's destination and hashed once against
+  its id. Fetch and open are pipelined: up to max_concurrency chunks are in flight, each
+  fetching or opening in a worker thread. A chunk that fails raises ChunkCorrupt /
+  ChunkMissing and the whole call fails; no worker writes into a destination after the
+  call has returned or raised. get / get_many are get_into over buffers they allocate.
 
-Memory: get_many holds one output buffer (the sum of the ref sizes) plus, per call, at
-most max_concurrency sealed chunks in flight, i.e. about max_concurrency × chunk size
-(8 × 11.25 MiB ≈ 90 MiB for the demo model's blocks). put_many holds max_concurrency
-sealed copies of its inputs the same way.
+Copies per byte on the read path (store to destination): local directory, 2 — the
+kernel's read into the scratch buffer and the decryption into the destination; S3, 3 —
+the socket read into aiohttp's buffer, its copy into the scratch buffer, the decryption.
+The re-hash reads the destination once and copies nothing. The engine's own count
+continues in engine/state.py.
+
+Memory: get_into holds up to max_concurrency scratch buffers of the largest sealed chunk
+in flight, and the pool keeps that many between calls: 4 × 11.25 MiB ≈ 45 MiB for the
+demo model's blocks at the default (pass one ScratchPool to share it between stores).
+get_many adds one output buffer, the sum of the ref sizes (a fresh buffer,
+cas/buffers.py). put_many holds max_concurrency sealed copies of its inputs the same way.
 """
 
 from __future__ import annotations
@@ -24,15 +34,21 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from cas.buffers import ScratchPool, fresh_buffer
 from cas.errors import ChunkCorrupt, ChunkMissing, ObjectMissing, ObjectTooLarge
 from cas.ids import ChunkId
 from cas.keys import Keyring
 from cas.layout import object_key
-from cas.seal import ChunkSeal, max_sealed_size, sealed_size
+from cas.seal import ChunkSeal, max_sealed_size, plausible_sizes
 from cas.store import ObjectInfo, ObjectStore
 
 T = TypeVar("T")
+# Chunks in flight. Measured on the demo model's blocks (2 cores, local directory and
+# SeaweedFS on loopback): 4 reads as fast as 8 or faster and holds half the scratch; 2 and
+# 1 leave S3 latency unhidden.
+DEFAULT_CONCURRENCY = 4
 Blob = bytes | bytearray | memoryview
+Destination = Blob | Sequence[Blob]  # one writable buffer, or segments filled in order
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +64,8 @@ class ChunkStore:
         keyring: Keyring,
         *,
         namespace: str = "default",
-        max_concurrency: int = 8,
+        max_concurrency: int = DEFAULT_CONCURRENCY,
+        scratch: ScratchPool | None = None,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
@@ -58,6 +75,7 @@ class ChunkStore:
         self.keyring = keyring
         self.namespace = namespace
         self.max_concurrency = max_concurrency
+        self.scratch = scratch if scratch is not None else ScratchPool(keep=max_concurrency)
         self._seal = ChunkSeal(keyring)
         self._digest_key = keyring.digest_key(namespace)
 
@@ -83,8 +101,7 @@ class ChunkStore:
             return ref
         # Existed: equal ids carry equal plaintext, so the object is ours unless damaged.
         info = await self._stat_or_none(key)
-        plausible = {sealed_size(ref.size, k) for k in self.keyring.keys}
-        if info is not None and info.size in plausible:
+        if info is not None and info.size in plausible_sizes(ref.size, tuple(self.keyring.keys)):
             return ref
         if info is not None:  # a damaged object would poison every later dedup: replace it
             await self.objects.delete(key)
@@ -110,33 +127,46 @@ class ChunkStore:
 
     async def get(self, ref: ChunkRef) -> bytes:
         out = bytearray(ref.size)
-        await self._fetch_into(ref, memoryview(out))
+        await self.get_into([ref], [memoryview(out)])
         return bytes(out)
 
     async def get_many(self, refs: Sequence[ChunkRef]) -> memoryview:
         """Every chunk, verified, laid end to end in one preallocated buffer in ref order."""
-        out = memoryview(bytearray(sum(r.size for r in refs)))
-        jobs: list[Callable[..., Awaitable[None]]] = []  # `...`: lambdas with bound defaults
-        offset = 0
+        out = fresh_buffer(sum(r.size for r in refs))
+        areas, offset = [], 0
         for ref in refs:
-            area = out[offset : offset + ref.size]
-            jobs.append(lambda ref=ref, area=area: self._fetch_into(ref, area))
+            areas.append(out[offset : offset + ref.size])
             offset += ref.size
-        await self._bounded(jobs)
+        await self.get_into(refs, areas)
         return out
 
-    async def _fetch_into(self, ref: ChunkRef, area: memoryview) -> None:
-        # The sealed body streams into a scratch area of bounded size, then opens into `area`.
-        scratch = memoryview(bytearray(max_sealed_size(ref.size)))
-        try:
-            n = await self.objects.get_into(self.key(ref.id), scratch)
-        except ObjectMissing as e:
-            raise ChunkMissing(ref.id) from e
-        except ObjectTooLarge as e:
-            raise ChunkCorrupt(ref.id, f"object has {e.size} bytes, too many for its size") from e
-        await asyncio.to_thread(
-            self._seal.open_into, ref.id, scratch[:n], area, digest_key=self._digest_key
-        )
+    async def get_into(self, refs: Sequence[ChunkRef], outs: Sequence[Destination]) -> None:
+        """Every chunk verified and decrypted straight into its destination `outs[i]`: a
+        writable buffer of exactly refs[i].size bytes, or segments — writable buffers whose
+        sizes add up to it, filled in order (the chunk's pieces land where each belongs).
+        On an error the destinations hold garbage and must not be used."""
+        if len(refs) != len(outs):
+            raise ValueError(f"{len(refs)} refs for {len(outs)} destinations")
+        areas = [_destination(ref, out) for ref, out in zip(refs, outs, strict=True)]
+        jobs = [
+            lambda ref=ref, area=area: self._fetch_into(ref, area)
+            for ref, area in zip(refs, areas, strict=True)
+        ]
+        await self._bounded(jobs)
+
+    async def _fetch_into(self, ref: ChunkRef, area: memoryview | list[memoryview]) -> None:
+        with self.scratch.lend(max_sealed_size(ref.size)) as scratch:
+            try:
+                n = await self.objects.get_into(self.key(ref.id), scratch)
+            except ObjectMissing as e:
+                raise ChunkMissing(ref.id) from e
+            except ObjectTooLarge as e:
+                reason = f"object has {e.size} bytes, too many for its size"
+                raise ChunkCorrupt(ref.id, reason) from e
+            await _finished(self._open, ref, scratch[:n], area)
+
+    def _open(self, ref: ChunkRef, sealed: memoryview, area: memoryview | list[memoryview]) -> None:
+        self._seal.open_into(ref.id, sealed, area, digest_key=self._digest_key)
 
     async def contains(self, chunk_id: ChunkId) -> bool:
         return await self._stat_or_none(self.key(chunk_id)) is not None
@@ -154,6 +184,33 @@ class ChunkStore:
 
     async def _bounded(self, jobs: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
         return await bounded(jobs, self.max_concurrency)
+
+
+def _destination(ref: ChunkRef, out: Destination) -> memoryview | list[memoryview]:
+    """`out` as byte views; ValueError unless writable and exactly the chunk's size."""
+    one = isinstance(out, bytes | bytearray | memoryview)
+    if isinstance(out, bytes | bytearray | memoryview):
+        views = [memoryview(out).cast("B")]
+    else:
+        views = [memoryview(b).cast("B") for b in out]
+    size = sum(v.nbytes for v in views)
+    if size != ref.size or any(v.readonly for v in views):
+        ro = " (read-only)" if any(v.readonly for v in views) else ""
+        raise ValueError(
+            f"destination of chunk {ref.id.short} must be {ref.size} writable bytes, got {size}{ro}"
+        )
+    return views[0] if one else views
+
+
+async def _finished(fn: Callable[..., T], *args: object) -> T:
+    """fn(*args) in a worker thread. A cancelled caller still waits for it to end, so no
+    thread writes into a buffer after the call that lent it has returned."""
+    work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        await asyncio.wait([work])
+        raise
 
 
 async def bounded(jobs: Sequence[Callable[[], Awaitable[T]]], limit: int) -> list[T]:

@@ -1,80 +1,141 @@
-"""The chunk seal: authenticated encryption at rest.
+"""The chunk seal: authenticated encryption at rest, at memory speed.
 
-Cipher: AES-256-GCM-SIV (nonce-misuse resistant). The nonce is the first 12
-bytes of the chunk id, itself a keyed BLAKE3 of the plaintext: equal plaintext
-in a namespace seals to equal bytes (so it dedups), different plaintext never
-shares a nonce (short of a 96-bit collision, which under GCM-SIV would reveal
-only that two chunks are equal, not the key).
+Words:
+- seal key: a vault key that seals chunks, named by its key id (the keyring's current
+  key seals; every key in the ring still opens what it sealed).
+- header: magic "KVPC" | format version u8 | key id length u8 | key id. It is bound as
+  associated data (AAD) together with the chunk id in both formats.
+- chunk key (format 2): the one-time AES-256 key of one sealed chunk,
+      K = BLAKE3-keyed(KDF key, header | chunk id)
+  where the KDF key is Keyring.subkey("chunk-seal-v2", key id): HKDF-separated from
+  every other use of the seal key, format 1's key included.
 
-Sealed chunk, format version 1:
+Sealed chunk, format version 2 (what `seal` writes):
 
-    magic "KVPC" | version u8 | key id length u8 | key id | nonce (12) | ciphertext+tag (16)
+    header | ciphertext | tag (16)       AES-256-GCM under K, nonce 12 zero bytes,
+                                          AAD = header | chunk id
 
-The header and the chunk id are bound as associated data, so a chunk cannot
-be relabelled to another id or key id. The key id names the sealing key
-(Keyring.subkey("chunk-seal", key_id)): the current key seals, every key in
-the ring still opens. Opening verifies the tag and then re-hashes the
-plaintext against the chunk id; a chunk failing either is never returned.
+Sealed chunk, format version 1 (still opens; nothing seals it any more):
+
+    header | nonce (12) = chunk id[:12] | ciphertext | tag (16)
+                                          AES-256-GCM-SIV under Keyring.subkey("chunk-seal",
+                                          key id), AAD = header | chunk id
+
+Why format 2 never repeats a key/nonce pair. The nonce is a constant, so the claim is
+that one chunk key never encrypts two different (plaintext, AAD) pairs. K is a PRF
+(keyed BLAKE3 under a 256-bit vault secret) of exactly the AAD, header | chunk id, so
+two seals share a key only if they share the header and the chunk id (or two different
+inputs collide in 256 bits: about n^2 / 2^257 over n chunks ever sealed). The chunk id
+is the namespace-keyed BLAKE3 of the plaintext (cas/ids.py), so a shared id means the
+same plaintext (short of the same 256-bit collision bound, across namespaces too).
+Sealing is deterministic, so equal plaintext seals to equal bytes and dedups. The id is
+computed from the very bytes sealed — by ChunkStore.put, or by its caller from the same
+immutable buffer (catalog/publish.py) — and even a caller that paired an id with other
+bytes could not put two ciphertexts under one key at rest: a chunk's object key is its
+id and writes are put-if-absent, and opening re-hashes the plaintext against the id.
+Each K encrypts one message, so GCM's per-key limits (2^32 messages, 64 GiB each) are
+never approached; AES-256, not AES-128, because every chunk key shares the nonce and a
+key search against N targets at once costs 2^256 / N.
+
+What opening refuses (ChunkCorrupt unless said otherwise; nothing is returned):
+- a flipped byte: in the magic or version, "bad magic" / "unsupported version" (a
+  format 2 chunk relabelled format 1 would open under format 1's key, which never sealed
+  it: nonce or tag); in the key id, UnknownKey or a failed tag (another K and AAD); in
+  the ciphertext or the tag, a failed tag;
+- truncation or padding: the plaintext size the object implies differs from the size
+  the caller expects (the manifest's), or it is shorter than a header and a tag;
+- a chunk relabelled to another id (stored or opened under another chunk's name):
+  format 2 derives another K and binds the id as AAD, so the tag fails; format 1 checks
+  the nonce against the id, and the tag binds the id;
+- a chunk sealed under another vault's key, or under another key id of this vault:
+  another K (format 2) or key (format 1), so the tag fails; a key id this ring lacks is
+  UnknownKey;
+- a chunk validly sealed by a key holder over other plaintext: the tag verifies, the
+  re-hash against the chunk id does not.
+
+Opening into segments (open_into with a list of buffers) decrypts format 2 as a stream:
+plaintext reaches the caller's buffers before the tag is checked at the end, so on any
+error those buffers hold garbage; the caller uses nothing until open_into returns.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import blake3
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCMSIV
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM, AESGCMSIV
 
 from cas.errors import ChunkCorrupt
 from cas.ids import ChunkId
 from cas.keys import Keyring
 
-PURPOSE = "chunk-seal"
+PURPOSE = "chunk-seal-v2"  # the KDF key of format 2's chunk keys
+PURPOSE_V1 = "chunk-seal"  # format 1's GCM-SIV key
 MAGIC = b"KVPC"
-VERSION = 1
-NONCE_SIZE = 12
+VERSION = 2
+VERSION_V1 = 1
+VERSIONS = (VERSION_V1, VERSION)
+NONCE_SIZE = 12  # format 1 stores it; format 2's is the constant ZERO_NONCE
+ZERO_NONCE = bytes(NONCE_SIZE)
 TAG_SIZE = 16
 MAX_KEY_ID = 64
 MAX_OVERHEAD = len(MAGIC) + 2 + MAX_KEY_ID + NONCE_SIZE + TAG_SIZE
 
 
-def header(key_id: str) -> bytes:
+def header(key_id: str, *, version: int = VERSION) -> bytes:
     kid = key_id.encode()
     if not 1 <= len(kid) <= MAX_KEY_ID:
         raise ValueError(f"key id must be 1..{MAX_KEY_ID} bytes, got {key_id!r}")
-    return MAGIC + bytes((VERSION, len(kid))) + kid
+    if version not in VERSIONS:
+        raise ValueError(f"seal format version must be one of {VERSIONS}, got {version}")
+    return MAGIC + bytes((version, len(kid))) + kid
 
 
-def sealed_size(size: int, key_id: str) -> int:
+def sealed_size(size: int, key_id: str, *, version: int = VERSION) -> int:
     """Bytes of a sealed chunk whose plaintext has `size` bytes."""
-    return len(header(key_id)) + NONCE_SIZE + size + TAG_SIZE
+    nonce = NONCE_SIZE if version == VERSION_V1 else 0
+    return len(header(key_id, version=version)) + nonce + size + TAG_SIZE
+
+
+def plausible_sizes(size: int, key_ids: list[str] | tuple[str, ...]) -> frozenset[int]:
+    """Every size a sealed chunk of `size` plaintext bytes can have under these key ids, in
+    any format that still opens (a vault keeps v1 chunks sealed before the upgrade)."""
+    return frozenset(sealed_size(size, k, version=v) for k in key_ids for v in VERSIONS)
 
 
 def max_sealed_size(size: int) -> int:
-    """An upper bound for any key id: what to allocate before reading a chunk."""
+    """An upper bound for any key id and format: what to allocate before reading a chunk."""
     return size + MAX_OVERHEAD
 
 
 class ChunkSeal:
-    """Seals and opens chunks with a keyring's "chunk-seal" subkeys."""
+    """Seals (format 2) and opens (formats 1 and 2) chunks with a keyring's subkeys."""
 
     def __init__(self, keyring: Keyring) -> None:
         self.keyring = keyring
-        self._aeads: dict[str, AESGCMSIV] = {}
+        self._v1: dict[str, AESGCMSIV] = {}
 
-    def _aead(self, key_id: str | None) -> tuple[str, AESGCMSIV]:
-        key_id, key = self.keyring.subkey(PURPOSE, key_id)  # UnknownKey
-        if key_id not in self._aeads:
-            self._aeads[key_id] = AESGCMSIV(key)
-        return key_id, self._aeads[key_id]
+    def _chunk_key(self, key_id: str | None, head: bytes, chunk_id: ChunkId) -> bytes:
+        _, kdf_key = self.keyring.subkey(PURPOSE, key_id)  # UnknownKey
+        return blake3.blake3(head + chunk_id.raw, key=kdf_key).digest()
+
+    def _chunk_aead(self, key_id: str | None, head: bytes, chunk_id: ChunkId) -> AESGCM:
+        return AESGCM(self._chunk_key(key_id, head, chunk_id))
+
+    def _v1_aead(self, key_id: str) -> AESGCMSIV:
+        if key_id not in self._v1:
+            self._v1[key_id] = AESGCMSIV(self.keyring.subkey(PURPOSE_V1, key_id)[1])
+        return self._v1[key_id]
 
     def seal(self, chunk_id: ChunkId, plaintext: bytes | bytearray | memoryview) -> bytearray:
-        """Seal under the current key."""
-        key_id, aead = self._aead(None)
-        head = header(key_id)
-        nonce = chunk_id.raw[:NONCE_SIZE]
-        start = len(head) + NONCE_SIZE
-        out = bytearray(start + len(plaintext) + TAG_SIZE)
+        """Seal under the current key, format 2. `chunk_id` must be the plaintext's id."""
+        head = header(self.keyring.current)
+        aead = self._chunk_aead(None, head, chunk_id)
+        out = bytearray(len(head) + len(plaintext) + TAG_SIZE)
         out[: len(head)] = head
-        out[len(head) : start] = nonce
-        aead.encrypt_into(nonce, plaintext, head + chunk_id.raw, memoryview(out)[start:])
+        aead.encrypt_into(ZERO_NONCE, plaintext, head + chunk_id.raw, memoryview(out)[len(head) :])
         return out
 
     def verify(
@@ -85,68 +146,124 @@ class ChunkSeal:
     ) -> None:
         """Check that `sealed` opens to exactly `plaintext` (our own output, before it is
         trusted and uploaded): tag and bytes, without digesting the plaintext again."""
-        sealed = memoryview(sealed)
-        start, head, key_id = self._parse(chunk_id, sealed)
-        out = bytearray(len(sealed) - start - TAG_SIZE)
-        _, aead = self._aead(key_id)
-        nonce = bytes(sealed[start - NONCE_SIZE : start])
+        out = bytearray(self.plaintext_size(chunk_id, sealed))
         try:
-            aead.decrypt_into(nonce, sealed[start:], head + chunk_id.raw, memoryview(out))
-        except InvalidTag:
+            self._decrypt(chunk_id, memoryview(sealed), memoryview(out))
+        except ChunkCorrupt:
             raise ChunkCorrupt(chunk_id, "our own seal does not verify") from None
-        if out != plaintext:
+        if out != plaintext:  # bytearray == buffer is one memcmp
             raise ChunkCorrupt(chunk_id, "our own seal does not open to its plaintext")
 
-    def plaintext_size(self, chunk_id: ChunkId, sealed: bytes | memoryview) -> int:
+    def plaintext_size(self, chunk_id: ChunkId, sealed: bytes | bytearray | memoryview) -> int:
         """Size the sealed chunk claims for its plaintext (after checking the header)."""
-        start, _head, _key_id = self._parse(chunk_id, sealed)
+        start, _head, _key_id, _version = _parse(chunk_id, sealed)
         return len(sealed) - start - TAG_SIZE
 
     def open_into(
         self,
         chunk_id: ChunkId,
         sealed: bytes | bytearray | memoryview,
-        out: memoryview,
+        out: memoryview | Sequence[memoryview],
         *,
         digest_key: bytes,
     ) -> None:
-        """Verify and decrypt into `out` (exactly the plaintext size). ChunkCorrupt,
-        UnknownKey. On error `out` holds garbage and must not be used."""
+        """Verify and decrypt into `out`, then hash the plaintext once against the id.
+        `out` is one buffer of exactly the plaintext size, or segments (writable buffers
+        whose sizes add up to it) that the plaintext fills in order, so it can land straight
+        where its pieces belong. ChunkCorrupt, UnknownKey. On error `out` holds garbage
+        and must not be used."""
         sealed = memoryview(sealed)
-        start, head, key_id = self._parse(chunk_id, sealed)
-        size = len(sealed) - start - TAG_SIZE
-        if size != len(out):
-            raise ChunkCorrupt(chunk_id, f"holds {size} plaintext bytes, expected {len(out)}")
-        _, aead = self._aead(key_id)
-        nonce = bytes(sealed[start - NONCE_SIZE : start])
-        try:
-            aead.decrypt_into(nonce, sealed[start:], head + chunk_id.raw, out)
-        except InvalidTag:
-            raise ChunkCorrupt(chunk_id, "seal tag does not verify") from None
-        if ChunkId.of(out, key=digest_key) != chunk_id:
+        if isinstance(out, memoryview):
+            self._decrypt(chunk_id, sealed, out)
+            # One thread: get_many opens chunks in parallel, which beats a threaded hash here.
+            digest = blake3.blake3(out, key=digest_key).digest()
+        else:
+            digest = self._decrypt_segments(chunk_id, sealed, out, digest_key)
+        if digest != chunk_id.raw:
             raise ChunkCorrupt(chunk_id, "plaintext does not hash to the chunk id")
 
-    def open(self, chunk_id: ChunkId, sealed: bytes | memoryview, *, digest_key: bytes) -> bytes:
+    def open(
+        self, chunk_id: ChunkId, sealed: bytes | bytearray | memoryview, *, digest_key: bytes
+    ) -> bytes:
         out = bytearray(self.plaintext_size(chunk_id, sealed))
         self.open_into(chunk_id, sealed, memoryview(out), digest_key=digest_key)
         return bytes(out)
 
-    def _parse(self, chunk_id: ChunkId, sealed: bytes | memoryview) -> tuple[int, bytes, str]:
-        """(offset of ciphertext, header bytes, key id); ChunkCorrupt on a malformed header."""
-        m = len(MAGIC)
-        if len(sealed) < m + 2 or bytes(sealed[:m]) != MAGIC:
-            raise ChunkCorrupt(chunk_id, "not a sealed chunk (bad magic)")
-        version, kid_len = sealed[m], sealed[m + 1]
-        if version != VERSION:
-            raise ChunkCorrupt(chunk_id, f"unsupported seal format version {version}")
-        end = m + 2 + kid_len
-        start = end + NONCE_SIZE
-        if kid_len == 0 or len(sealed) < start + TAG_SIZE:
-            raise ChunkCorrupt(chunk_id, f"truncated: {len(sealed)} bytes")
+    def _decrypt(self, chunk_id: ChunkId, sealed: memoryview, out: memoryview) -> None:
+        start, head, key_id, version = _sized(chunk_id, sealed, out.nbytes)
+        aad = head + chunk_id.raw
         try:
-            key_id = bytes(sealed[m + 2 : end]).decode()
-        except UnicodeDecodeError:
-            raise ChunkCorrupt(chunk_id, "key id is not text") from None
-        if bytes(sealed[end:start]) != chunk_id.raw[:NONCE_SIZE]:
-            raise ChunkCorrupt(chunk_id, "nonce does not belong to the chunk id")
-        return start, bytes(sealed[:end]), key_id
+            if version == VERSION:
+                aead = self._chunk_aead(key_id, head, chunk_id)
+                aead.decrypt_into(ZERO_NONCE, sealed[start:], aad, out)
+            else:
+                nonce = bytes(sealed[start - NONCE_SIZE : start])
+                self._v1_aead(key_id).decrypt_into(nonce, sealed[start:], aad, out)
+        except InvalidTag:
+            raise ChunkCorrupt(chunk_id, "seal tag does not verify") from None
+
+    def _decrypt_segments(
+        self, chunk_id: ChunkId, sealed: memoryview, segments: Sequence[memoryview], key: bytes
+    ) -> bytes:
+        """Decrypt into `segments` in order; the plaintext's keyed digest."""
+        segments = [memoryview(s).cast("B") for s in segments]
+        size = sum(s.nbytes for s in segments)
+        start, head, key_id, version = _sized(chunk_id, sealed, size)
+        hasher = blake3.blake3(key=key)
+        if version == VERSION_V1:  # GCM-SIV cannot stream: open whole, then scatter
+            whole = memoryview(bytearray(len(sealed) - start - TAG_SIZE))
+            self._decrypt(chunk_id, sealed, whole)
+            pos = 0
+            for seg in segments:
+                seg[:] = whole[pos : pos + seg.nbytes]
+                pos += seg.nbytes
+            hasher.update(whole)
+            return hasher.digest()
+        # GCM is a stream: segment by segment, with the tag checked at the end.
+        chunk_key = self._chunk_key(key_id, head, chunk_id)
+        tag = bytes(sealed[len(sealed) - TAG_SIZE :])
+        stream = Cipher(algorithms.AES(chunk_key), modes.GCM(ZERO_NONCE, tag)).decryptor()
+        stream.authenticate_additional_data(head + chunk_id.raw)
+        pos = start
+        for seg in segments:
+            stream.update_into(sealed[pos : pos + seg.nbytes], seg)
+            hasher.update(seg)
+            pos += seg.nbytes
+        try:
+            stream.finalize()
+        except InvalidTag:
+            raise ChunkCorrupt(chunk_id, "seal tag does not verify") from None
+        return hasher.digest()
+
+
+def _parse(
+    chunk_id: ChunkId, sealed: bytes | bytearray | memoryview
+) -> tuple[int, bytes, str, int]:
+    """(offset of the ciphertext, header bytes, key id, format version); ChunkCorrupt on a
+    malformed header."""
+    m = len(MAGIC)
+    if len(sealed) < m + 2 or bytes(sealed[:m]) != MAGIC:
+        raise ChunkCorrupt(chunk_id, "not a sealed chunk (bad magic)")
+    version, kid_len = sealed[m], sealed[m + 1]
+    if version not in VERSIONS:
+        raise ChunkCorrupt(chunk_id, f"unsupported seal format version {version}")
+    end = m + 2 + kid_len
+    start = end + (NONCE_SIZE if version == VERSION_V1 else 0)
+    if kid_len == 0 or len(sealed) < start + TAG_SIZE:
+        raise ChunkCorrupt(chunk_id, f"truncated: {len(sealed)} bytes")
+    try:
+        key_id = bytes(sealed[m + 2 : end]).decode()
+    except UnicodeDecodeError:
+        raise ChunkCorrupt(chunk_id, "key id is not text") from None
+    if version == VERSION_V1 and bytes(sealed[end:start]) != chunk_id.raw[:NONCE_SIZE]:
+        raise ChunkCorrupt(chunk_id, "nonce does not belong to the chunk id")
+    return start, bytes(sealed[:end]), key_id, version
+
+
+def _sized(chunk_id: ChunkId, sealed: memoryview, size: int) -> tuple[int, bytes, str, int]:
+    """_parse, and ChunkCorrupt unless the plaintext is `size` bytes."""
+    start, head, key_id, version = _parse(chunk_id, sealed)
+    held = len(sealed) - start - TAG_SIZE
+    if held != size:
+        raise ChunkCorrupt(chunk_id, f"holds {held} plaintext bytes, expected {size}")
+    return start, head, key_id, version

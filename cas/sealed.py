@@ -46,7 +46,7 @@ class SealedObjects:
     def _sealed(self, key: str, data: bytes | memoryview) -> bytes:
         plaintext = _bound(key) + bytes(data)
         chunk_id = ChunkId.of(plaintext, key=self._digest_key)
-        return chunk_id.raw + bytes(self._seal.seal(chunk_id, plaintext))
+        return chunk_id.raw + self._seal.seal(chunk_id, plaintext)
 
     def _opened(self, key: str, sealed: memoryview) -> bytes:
         if len(sealed) < DIGEST_SIZE:

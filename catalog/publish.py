@@ -21,8 +21,9 @@ chunks are not all stored (DESIGN invariant 6). In order:
 
 load_cut: the manifest object a Cut names (the Cut carries its catalog row's
 facts, so nothing is read from the catalog again), its MAC, then its identity,
-depth, chain, bytes and generation against the row's, then every chunk
-verified. Nothing unverified is returned. A manifest object that is gone is a
+depth, chain, bytes and generation against the row's (open_cut), then every chunk
+verified (load_parts, into one buffer or into buffers the caller gives once it has
+read the manifest). Nothing unverified is returned. A manifest object that is gone is a
 verification failure (ManifestMissing), not an outage: its row promises it.
 
 Generation: a hybrid clock per process (wall-clock nanoseconds, bumped to stay
@@ -44,7 +45,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from cas.chunks import Blob, ChunkRef, ChunkStore
+from cas.chunks import Blob, ChunkRef, ChunkStore, Destination
 from cas.errors import ObjectMissing
 from cas.ids import ChunkId
 from cas.keys import Keyring
@@ -212,16 +213,43 @@ async def publish(
 async def load_cut(
     *, chunks: ChunkStore, keyring: Keyring, cut: Cut, identity: IdentityDigest
 ) -> LoadedCut:
-    """Fetch and verify a cut: MAC, identity, agreement with its row, then every chunk."""
-    sealed = await _open_cut(chunks, keyring, cut, identity)
-    manifest = sealed.manifest
+    """Fetch and verify a cut: MAC, identity, agreement with its row, then every chunk
+    (open_cut, then load_parts into one buffer)."""
+    sealed = await open_cut(chunks=chunks, keyring=keyring, cut=cut, identity=identity)
+    parts = await _in_one_buffer(chunks, sealed.manifest)
+    return LoadedCut(sealed.manifest, parts, sealed.signature)
+
+
+async def open_cut(
+    *, chunks: ChunkStore, keyring: Keyring, cut: Cut, identity: IdentityDigest
+) -> SealedManifest:
+    """The manifest a cut's row names, verified (MAC, identity, agreement with the row)."""
+    return await _open_cut(chunks, keyring, cut, identity)
+
+
+async def load_parts(
+    *, chunks: ChunkStore, manifest: Manifest, into: Sequence[Destination] | None = None
+) -> list[tuple[str, Destination]]:
+    """(role, bytes) of every part of a verified manifest, in its order, each chunk
+    verified. `into`: each part's destination, which its chunk is decrypted straight into
+    — a writable buffer of exactly its size (the engine's part buffers), or segments
+    filled in order (an engine intake's, which are the slot's own cache memory); allocate
+    MLX destinations on the thread that runs MLX. Without it the parts are views of one
+    buffer."""
+    if into is None:
+        return list(await _in_one_buffer(chunks, manifest))
     refs = [ChunkRef(p.chunk_id, p.size) for p in manifest.parts]
-    buffer = await chunks.get_many(refs)
-    out, offset = [], 0
+    await chunks.get_into(refs, into)
+    return [(p.role, area) for p, area in zip(manifest.parts, into, strict=True)]
+
+
+async def _in_one_buffer(chunks: ChunkStore, manifest: Manifest) -> list[tuple[str, memoryview]]:
+    refs = [ChunkRef(p.chunk_id, p.size) for p in manifest.parts]
+    buffer, parts, offset = await chunks.get_many(refs), [], 0
     for p in manifest.parts:
-        out.append((p.role, buffer[offset : offset + p.size]))
+        parts.append((p.role, buffer[offset : offset + p.size]))
         offset += p.size
-    return LoadedCut(manifest, out, sealed.signature)
+    return parts
 
 
 # -- steps -----------------------------------------------------------------------------

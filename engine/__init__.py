@@ -1,9 +1,10 @@
 """engine — compute: MLX models, slots, aligned prefill, decode, plane export, restore.
 
 Callers use engine.models (load_model, LoadedModel), engine.slots (SlotPool, Slot),
-engine.sampling, engine.state (Snapshot, Planes, Part), engine.identity, engine.errors and
-engine.interop (cuts as mlx-lm's own caches and back); engine.codec is the engine's own:
-the plane format and one module per cache kind.
+engine.sampling, engine.state (Snapshot, Planes, Part, part_buffer), engine.format
+(encode, decode), engine.intake (Intake, from Slot.intake), engine.identity,
+engine.errors and engine.interop (cuts as mlx-lm's own caches and back); engine.codec is
+the engine's own: the plane format and one module per cache kind.
 """
 
 from engine import blas as _blas

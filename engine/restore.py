@@ -49,16 +49,29 @@ class Target(Protocol):
     def commit(self, state: SlotState) -> None: ...
 
 
-def restore(slot: Target, snapshot: Snapshot, *, tokens: Sequence[int], mode: Mode) -> None:
+def restore(
+    slot: Target,
+    snapshot: Snapshot,
+    *,
+    tokens: Sequence[int],
+    mode: Mode,
+    shadow: SlotState | None = None,
+) -> None:
     """Make `slot` hold `snapshot` with history `tokens` (its first `depth` tokens, which
-    the caller has matched to the cut's token chain). Raises a RestoreRefused, with the
-    slot unchanged, when the snapshot does not fit or cannot be built."""
+    the caller has matched to the cut's token chain). `shadow`: the state already built
+    in place from the snapshot's bytes (engine/intake.py), else it is built here. Raises a
+    RestoreRefused, with the slot unchanged, when the snapshot does not fit or cannot be
+    built."""
     pool = slot.pool
     if mode not in ("exact", "ancestor"):
         raise InvalidRequest("mode", f"must be 'exact' or 'ancestor', got {mode!r}")
     history = pool.check_tokens(tokens)
     gate(pool, snapshot, depth=len(history), mode=mode)
-    state = build_shadow(pool, snapshot, history)
+    if shadow is None:
+        state = build_shadow(pool, snapshot, history)
+    else:
+        state = shadow
+        state.tokens = list(history)
     with slot.lock:
         slot.commit(state)
 

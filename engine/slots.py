@@ -9,7 +9,8 @@
 - SlotState: the three together. A slot holds one SlotState reference; restore swaps in a
   new one with a single assignment, so no reader ever sees a half-installed state.
 - cut: `Slot.export()` gives the slot's state as a Snapshot; `Slot.restore(cut, prompt=)`
-  installs a Snapshot or Planes (engine/state.py) for the request `prompt`.
+  installs a Snapshot or Planes (engine/state.py), or an Intake a reader has filled in
+  place (engine/intake.py, from `Slot.intake(layout)`), for the request `prompt`.
 - aligned prefill: tokens go through the model in steps that end on absolute multiples of
   A (first up to the next multiple, then whole A-sized steps, then the remainder), so an
   aligned cut restored and prefilled to the end computes exactly what a cold run computes.
@@ -19,7 +20,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -27,6 +28,7 @@ import mlx.core as mx
 
 from engine import codec, restore
 from engine.errors import EmptySlot, InvalidRequest, LogitsMissing, ShapeMismatch
+from engine.intake import Intake
 from engine.layout import KVLayout, dtype_name
 from engine.sampling import GREEDY, Sampling, draw
 from engine.state import Planes, SlotState, Snapshot
@@ -105,17 +107,29 @@ class Slot:
                 raise EmptySlot(self.index, "export")
             return codec.export(self.pool, self._state)
 
-    def restore(self, cut: Snapshot | Planes, *, prompt: Sequence[int]) -> Snapshot:
+    def intake(self, layout: Mapping[str, Any]) -> Intake:
+        """A shadow for the cut `layout` describes, to be filled in place by a reader and
+        then restored (engine/intake.py). Allocates: call it on the thread running MLX.
+        RestoreRefused when the layout does not fit this slot's pool."""
+        return Intake(self.pool, layout)
+
+    def restore(self, cut: Snapshot | Planes | Intake, *, prompt: Sequence[int]) -> Snapshot:
         """Install `cut` as the first cut.depth tokens of the request `prompt` (which the
         caller has matched to the cut's token chain): "exact" when it covers the whole
-        prompt, else "ancestor" (then prefill the rest). Planes are decoded first. Returns
-        the installed Snapshot; raises a RestoreRefused with the slot unchanged when the
-        cut does not decode or fit — a cut deeper than the prompt is a ShapeMismatch."""
-        snapshot = codec.decode(cut) if isinstance(cut, Planes) else cut
+        prompt, else "ancestor" (then prefill the rest). Planes are decoded first; a
+        filled Intake is checked and taken as it is. Returns the installed Snapshot;
+        raises a RestoreRefused with the slot unchanged when the cut does not decode or
+        fit — a cut deeper than the prompt is a ShapeMismatch."""
+        shadow = None
+        if isinstance(cut, Intake):
+            snapshot, shadow = cut.take(self.pool)
+        else:
+            snapshot = codec.decode(cut) if isinstance(cut, Planes) else cut
         if snapshot.depth > len(prompt):
             raise ShapeMismatch("depth (prompt tokens)", f"<= {len(prompt)}", snapshot.depth)
         mode: restore.Mode = "exact" if snapshot.depth == len(prompt) else "ancestor"
-        restore.restore(self, snapshot, tokens=prompt[: snapshot.depth], mode=mode)
+        tokens = prompt[: snapshot.depth]
+        restore.restore(self, snapshot, tokens=tokens, mode=mode, shadow=shadow)
         return snapshot
 
     # -- the swap ------------------------------------------------------------------------

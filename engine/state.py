@@ -21,16 +21,43 @@
 - pool shape: what a cut is checked against and installed into — the identity,
   alignment, KV layout and logits of the model a slot pool runs (SlotPool is one).
 
+  `verified` says the bytes were checked against a content digest before they got here
+  (the durable tier's chunks are tag-verified and re-hashed by cas): decode then skips
+  each frame's own digest, which exists for bytes nobody has verified.
+- SlotState: one session's caches, token history and witnessed logits (a slot holds one
+  and a restore swaps in another; engine/slots.py).
+- pool shape: what a cut is checked against and installed into — the identity,
+  alignment, KV layout and logits of the model a slot pool runs (SlotPool is one).
+- part buffer: writable bytes in MLX memory (`part_buffer`), for a reader to fill with
+  one part. A part given as a whole part buffer decodes without a copy: its arrays are
+  views of the buffer (where each array is naturally aligned in it; one copy into MLX
+  otherwise), so its bytes must not change once decoded.
+
 These are data; turning one into another is the codec's (engine/codec/, behind
-engine/format.py and Slot.export / Slot.restore). Parts and Snapshots compare (and
-hash) by identity — comparing arrays elementwise has no single truth value; Planes,
-being bytes, compare by value.
+engine/format.py and Slot.export / Slot.restore). Encoding is the one copy out of MLX
+memory; decoding copies in at most once. Parts and Snapshots compare (and hash) by
+identity — comparing arrays elementwise has no single truth value; Planes, being bytes,
+compare by value.
+
+Copies per byte from the object store to the slot, on the durable read path:
+- into an intake (engine/intake.py: Slot.intake, cas ChunkStore.get_into with its
+  segments, Slot.restore): local directory 2 — the kernel's read into cas's scratch
+  buffer, the decryption straight into the slot's own cache buffers (the re-hash reads
+  them, copying nothing); S3 3 (socket to aiohttp's buffer, then into the scratch
+  buffer, then the decryption). Nothing is decoded or joined afterwards.
+- through part buffers (ChunkStore.get_into into part_buffer()s, verified Planes,
+  Slot.restore): as above into the part buffers, then 0 to decode (views), and 1 more for
+  a block's bytes when install joins the blocks into the KV cache at its capacity (mlx-lm's
+  KVCache is one buffer per layer); ring and logits bytes none (the cache holds views of
+  the part buffer), and 1 more for an array not naturally aligned in its frame (the frame
+  header's length decides; MLX views must be aligned to their dtype). Local: block bytes
+  3, ring and logits bytes 2; S3 one more each.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import mlx.core as mx
@@ -110,6 +137,7 @@ class Planes:
 
     layout: Mapping[str, Any]
     parts: tuple[tuple[str, bytes | memoryview], ...]  # (role, part bytes)
+    verified: bool = field(default=False, compare=False)  # checked against a content digest
 
     @property
     def identity(self) -> bytes:
@@ -146,6 +174,26 @@ def head(layout: Mapping[str, Any]) -> tuple[bytes, int, int]:
     except (KeyError, TypeError, ValueError) as e:
         raise PlanesInvalid(None, f"malformed identity: {e!r}") from e
     return identity, layout["depth"], layout["alignment"]
+
+
+def part_buffer(nbytes: int) -> memoryview:
+    """`nbytes` writable bytes in MLX memory, for one part's bytes (see the module words).
+    It runs an MLX op: call it on the thread that runs MLX, then let any thread write."""
+    if not isinstance(nbytes, int) or nbytes < 0:
+        raise ValueError(f"a part buffer needs a size >= 0, got {nbytes!r}")
+    buf = mx.zeros((nbytes,), dtype=mx.uint8)  # a fresh buffer of its own, never shared
+    mx.eval(buf)
+    return memoryview(buf)  # type: ignore[arg-type]  # mlx stubs lack __buffer__
+
+
+def mlx_bytes(data: bytes | memoryview) -> mx.array | None:
+    """The MLX array `data` spans when it is all of a part buffer, else None."""
+    if not isinstance(data, memoryview) or not data.contiguous:
+        return None
+    base = data.obj
+    if not isinstance(base, mx.array) or base.dtype != mx.uint8 or base.ndim != 1:
+        return None
+    return base if data.nbytes == base.nbytes else None
 
 
 @dataclass

@@ -21,6 +21,12 @@ cache, is one such module plus one entry in KINDS):
   reads, so install cannot fail on a gated cut.
 - install(pool, snapshot, parts, shadow) -> None: fill the shadow SlotState (the caches
   of its layers, or its logits) from gated parts.
+- receive(pool, layout, shadow) -> [Part]: the other way to fill a shadow (an intake,
+  engine/intake.py): put fresh, still lazy buffers for the layout's parts in the shadow
+  and return Parts whose arrays are views of them, so that the gate runs before anything
+  is allocated.
+- segments(pool, part, shadow) -> [memoryview]: where a received part's payload goes in
+  the (now evaluated) shadow, in frame order.
 
 What is generic lives here: the head, the match of parts to the layout, the frames
 (engine/codec/frame.py) and export's check that every layer is at the slot's depth. The
@@ -56,6 +62,12 @@ class CacheKind(Protocol):
     def install(
         self, pool: PoolShape, snap: Snapshot, parts: Sequence[Part], shadow: SlotState
     ) -> None: ...
+
+    def receive(
+        self, pool: PoolShape, layout: Mapping[str, Any], shadow: SlotState
+    ) -> list[Part]: ...
+
+    def segments(self, pool: PoolShape, part: Part, shadow: SlotState) -> list[memoryview]: ...
 
 
 KINDS: dict[str, CacheKind] = {kind.KIND: kind for kind in (blocks, rings, logits)}
@@ -111,7 +123,7 @@ def decode(planes: Planes) -> Snapshot:
             raise PlanesInvalid(role, f"unknown part kind {name!r}")
         if name != kind.KIND:
             raise PlanesInvalid(role, f"a {name!r} part where the layout lists {kind.KIND!r}")
-        header, arrays = frame.decode_part(role, data)
+        header, arrays = frame.decode_part(role, data, verified=planes.verified)
         if header.get("kind") != name:
             raise PlanesInvalid(role, f"part is a {header.get('kind')!r}, role says {name!r}")
         decoded[role] = kind.decode(role, entry, header, arrays)
@@ -136,3 +148,22 @@ def install(pool: PoolShape, snap: Snapshot, shadow: SlotState) -> None:
     """Each kind fills its share of the shadow from a gated snapshot."""
     for name, kind in KINDS.items():
         kind.install(pool, snap, _of_kind(snap, name), shadow)
+
+
+def receive(pool: PoolShape, layout: Mapping[str, Any], shadow: SlotState) -> Snapshot:
+    """Fresh lazy buffers in `shadow` for a cut with `layout`, as a Snapshot of views of
+    them (not gated yet); PlanesInvalid when the layout is malformed."""
+    identity, depth, alignment = head(layout)
+    for kind in KINDS.values():
+        kind.entries(layout)  # every field receive reads is there and well typed
+    parts: list[Part] = []
+    for kind in KINDS.values():
+        try:
+            parts += kind.receive(pool, layout, shadow)
+        except ValueError as e:  # an impossible size in the layout
+            raise PlanesInvalid(None, f"{kind.KIND}: {e}") from e
+    return Snapshot(identity, depth, alignment, layout, tuple(parts))
+
+
+def segments(pool: PoolShape, part: Part, shadow: SlotState) -> list[memoryview]:
+    return KINDS[part.kind].segments(pool, part, shadow)

@@ -19,6 +19,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from engine.codec.checks import entry, expect, integers, listed
+from engine.codec.frame import DTYPES
 from engine.errors import EngineError, PlanesInvalid, ShapeMismatch
 from engine.layout import LayerKV, dtype_name
 from engine.state import Part, PoolShape, SlotState, Snapshot
@@ -101,6 +102,45 @@ def install(pool: PoolShape, snap: Snapshot, parts: Sequence[Part], shadow: Slot
         cache.keys = _join([p.arrays[j] for p in parts], depth, capacity)
         cache.values = _join([p.arrays[len(full) + j] for p in parts], depth, capacity)
         cache.offset = depth
+
+
+def receive(pool: PoolShape, layout: Mapping[str, Any], shadow: SlotState) -> list[Part]:
+    """The shadow's full layers as fresh (lazy) buffers at the recorded capacity, and one
+    Part per block whose arrays are views of the rows it will fill."""
+    depth, capacity = layout["depth"], layout["capacity"]
+    dtype = DTYPES[pool.layout.dtype][0]
+    buffers: list[tuple[mx.array, mx.array]] = []
+    for layer, spec in _full(pool):
+        cache = shadow.cache[layer]
+        if not isinstance(cache, KVCache):
+            raise ShapeMismatch(f"layer {layer} cache", "KVCache", type(cache).__name__)
+        shape = (1, spec.kv_heads, capacity, spec.head_dim)
+        keys, values = mx.zeros(shape, dtype=dtype), mx.zeros(shape, dtype=dtype)
+        cache.keys, cache.values, cache.offset = keys, values, depth
+        buffers.append((keys, values))
+    parts = []
+    for e in layout["blocks"]:
+        lo, hi = e["index"] * pool.alignment, e["index"] * pool.alignment + e["length"]
+        rows = [k[0, :, lo:hi, :] for k, _ in buffers] + [v[0, :, lo:hi, :] for _, v in buffers]
+        parts.append(Part(e["role"], tuple(rows), {"index": e["index"], "length": e["length"]}))
+    return parts
+
+
+def segments(pool: PoolShape, part: Part, shadow: SlotState) -> list[memoryview]:
+    """Where a received block's payload goes, in frame order: each full layer's K then V
+    rows for the block, head by head (a [heads, capacity, dim] buffer holds a head's rows
+    contiguously)."""
+    full = _full(pool)
+    lo, n = part.fields["index"] * pool.alignment, part.fields["length"]
+    buffers = [shadow.cache[i].keys for i, _ in full] + [shadow.cache[i].values for i, _ in full]
+    out = []
+    for buf in buffers:
+        _, heads, capacity, dim = buf.shape
+        flat, row = memoryview(buf).cast("B"), dim * buf.itemsize
+        for h in range(heads):
+            start = (h * capacity + lo) * row
+            out.append(flat[start : start + n * row])
+    return out
 
 
 def _join(blocks: list[mx.array], depth: int, capacity: int) -> mx.array:

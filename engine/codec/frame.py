@@ -8,13 +8,16 @@
   uint16 bits.
 
 Equal arrays give equal bytes, so equal blocks dedup in the store; a flipped byte is
-caught here (PlaneCorrupt) even without the store's seal. Dtypes come from the explicit
-DTYPES registry; anything else is refused (PlanesInvalid), never guessed at.
+caught here (PlaneCorrupt) even without the store's seal — unless the caller says the
+bytes are verified already (a chunk re-hashed against its content digest), when the
+digest is not computed a second time. Dtypes come from the explicit DTYPES registry;
+anything else is refused (PlanesInvalid), never guessed at.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -25,11 +28,12 @@ import numpy as np
 
 from engine.errors import PlaneCorrupt, PlanesInvalid
 from engine.identity import PACK_FORMAT_VERSION
+from engine.state import mlx_bytes
 
 FORMAT = PACK_FORMAT_VERSION
 MAGIC = b"KVPL"
 _PREFIX = struct.Struct("<4sHI")  # magic, format, header length
-_DIGEST = 32
+DIGEST_SIZE = 32
 _MAX_HEADER = 1 << 20
 
 # dtype name -> (mlx dtype, numpy dtype of the raw bytes); bfloat16 travels as uint16.
@@ -53,62 +57,102 @@ def _host(a: mx.array) -> np.ndarray:
     return np.asarray(a)
 
 
-def encode_part(kind: str, arrays: Sequence[mx.array], **fields: Any) -> bytes:
-    """One frame: prefix, header, digest, payload. Deterministic for equal arrays."""
+def head(kind: str, arrays: Sequence[mx.array], **fields: Any) -> bytes:
+    """A frame's first bytes, prefix and header, for these arrays and fields: what
+    encode_part writes before the digest (and what an intake expects to receive)."""
     specs = [(_dtype_name(a), list(a.shape)) for a in arrays]  # JSON: [name, shape]
     header = json.dumps(
         {"kind": kind, **fields, "arrays": specs}, sort_keys=True, separators=(",", ":")
     ).encode()
-    start = _PREFIX.size + len(header) + _DIGEST
+    return _PREFIX.pack(MAGIC, FORMAT, len(header)) + header
+
+
+def encode_part(kind: str, arrays: Sequence[mx.array], **fields: Any) -> bytes:
+    """One frame: prefix, header, digest, payload. Deterministic for equal arrays."""
+    first = head(kind, arrays, **fields)
+    start = len(first) + DIGEST_SIZE
     buf = bytearray(start + sum(a.nbytes for a in arrays))
-    _PREFIX.pack_into(buf, 0, MAGIC, FORMAT, len(header))
-    buf[_PREFIX.size : _PREFIX.size + len(header)] = header
+    buf[: len(first)] = first
     pos = start
-    for a, (name, shape) in zip(arrays, specs, strict=True):
+    for a in arrays:
+        name = _dtype_name(a)
         dest = np.frombuffer(buf, dtype=DTYPES[name][1], count=a.size, offset=pos)
-        np.copyto(dest.reshape(shape), _host(a))  # the one copy out of MLX memory
+        np.copyto(dest.reshape(a.shape), _host(a))  # the one copy out of MLX memory
         pos += a.nbytes
-    digest = blake3.blake3(memoryview(buf)[_PREFIX.size : _PREFIX.size + len(header)])
+    digest = blake3.blake3(memoryview(buf)[_PREFIX.size : len(first)])
     digest.update(memoryview(buf)[start:])
-    buf[start - _DIGEST : start] = digest.digest()
+    buf[len(first) : start] = digest.digest()
     return bytes(buf)
 
 
-def decode_part(role: str, data: bytes | memoryview) -> tuple[dict[str, Any], list[mx.array]]:
-    """(header, arrays) of one frame; PlaneCorrupt when its digest does not match."""
+def decode_part(
+    role: str, data: bytes | memoryview, *, verified: bool = False
+) -> tuple[dict[str, Any], list[mx.array]]:
+    """(header, arrays) of one frame, evaluated; PlaneCorrupt when its digest does not
+    match. `verified`: the bytes were checked against a content digest already, so the
+    frame's own digest is not computed again. Arrays are views of `data` when it is a part
+    buffer (engine.state.part_buffer) and they are aligned in it, else one copy each."""
     view = memoryview(data).cast("B")
-    if len(view) < _PREFIX.size + _DIGEST:
+    if len(view) < _PREFIX.size + DIGEST_SIZE:
         raise PlanesInvalid(role, f"{len(view)} bytes is shorter than a part prefix")
     magic, fmt, hlen = _PREFIX.unpack_from(view, 0)
     if magic != MAGIC:
         raise PlanesInvalid(role, f"bad magic {bytes(magic)!r}")
     if fmt != FORMAT:
         raise PlanesInvalid(role, f"unsupported part format {fmt} (this engine reads {FORMAT})")
-    start = _PREFIX.size + hlen + _DIGEST
+    start = _PREFIX.size + hlen + DIGEST_SIZE
     if hlen > _MAX_HEADER or start > len(view):
         raise PlanesInvalid(role, f"header length {hlen} does not fit in {len(view)} bytes")
     raw_header = view[_PREFIX.size : _PREFIX.size + hlen]
-    digest = blake3.blake3(raw_header)
-    digest.update(view[start:])
-    if digest.digest() != bytes(view[start - _DIGEST : start]):
-        raise PlaneCorrupt(role, "digest does not match the bytes")
+    if not verified:
+        digest = blake3.blake3(raw_header)
+        digest.update(view[start:])
+        if digest.digest() != bytes(view[start - DIGEST_SIZE : start]):
+            raise PlaneCorrupt(role, "digest does not match the bytes")
     try:
         header = json.loads(bytes(raw_header))
         specs = [(str(name), tuple(int(n) for n in shape)) for name, shape in header["arrays"]]
     except (ValueError, TypeError, KeyError) as e:
         raise PlanesInvalid(role, f"malformed header: {e}") from e
-    arrays, pos = [], start
+    runs: list[list[Any]] = []  # runs of equal (dtype, shape): [name, shape, offset, size, count]
+    pos = start
     for name, shape in specs:
         if name not in DTYPES:
             raise PlanesInvalid(role, f"unknown dtype {name!r}")
-        mx_dtype, np_dtype = DTYPES[name]
-        count = int(np.prod(shape)) if shape else 1
-        if min(shape, default=1) < 0 or pos + count * np_dtype.itemsize > len(view):
+        size = math.prod(shape) * DTYPES[name][1].itemsize
+        if min(shape, default=1) < 0 or pos + size > len(view):
             raise PlanesInvalid(role, f"array {name}{list(shape)} overruns the part")
-        host = np.frombuffer(view, dtype=np_dtype, count=count, offset=pos).reshape(shape)
-        arr = mx.array(host)  # the one copy into MLX memory
-        arrays.append(arr.view(mx_dtype) if mx_dtype == mx.bfloat16 else arr)
-        pos += count * np_dtype.itemsize
+        if runs and runs[-1][:2] == [name, shape]:
+            runs[-1][4] += 1
+        else:
+            runs.append([name, shape, pos, size, 1])
+        pos += size
     if pos != len(view):
         raise PlanesInvalid(role, f"{len(view) - pos} trailing bytes after the arrays")
+    base = mlx_bytes(data)
+    at = np.frombuffer(view, dtype=np.uint8).ctypes.data if base is not None else 0
+    arrays: list[mx.array] = []
+    for name, shape, offset, size, count in runs:
+        mx_dtype, np_dtype = DTYPES[name]
+        if base is not None and (at + offset) % np_dtype.itemsize == 0:
+            arrays += _views(base[offset : offset + count * size].view(mx_dtype), shape, count)
+            continue
+        for i in range(count):
+            n = size // np_dtype.itemsize
+            host = np.frombuffer(view, dtype=np_dtype, count=n, offset=offset + i * size)
+            arr = mx.array(host.reshape(shape))  # the one copy into MLX memory
+            arrays.append(arr.view(mx_dtype) if mx_dtype == mx.bfloat16 else arr)
+    mx.eval(arrays)
     return header, arrays
+
+
+def _views(flat: mx.array, shape: tuple[int, ...], count: int) -> list[mx.array]:
+    """`count` arrays of `shape` laid end to end in `flat`, as views of it."""
+    if count == 1:
+        return [flat.reshape(shape)]
+    if not shape or shape[0] == 0:  # nothing to split along: slice each
+        size = math.prod(shape)
+        return [flat[i * size : (i + 1) * size].reshape(shape) for i in range(count)]
+    # One split instead of a slice per array: a part holds dozens of equal arrays.
+    stacked = flat.reshape((count * shape[0], *shape[1:]))
+    return list(mx.split(stacked, count, axis=0))

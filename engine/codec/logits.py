@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import mlx.core as mx
+
 from engine.codec.checks import entry, expect
 from engine.errors import PlanesInvalid
 from engine.layout import dtype_name
@@ -58,3 +60,19 @@ def gate(pool: PoolShape, snap: Snapshot, parts: Sequence[Part]) -> None:
 
 def install(pool: PoolShape, snap: Snapshot, parts: Sequence[Part], shadow: SlotState) -> None:
     shadow.logits = parts[0].arrays[0] if parts else None
+
+
+def receive(pool: PoolShape, layout: Mapping[str, Any], shadow: SlotState) -> list[Part]:
+    """A fresh (lazy) logits row in the shadow, and its Part, when the layout has logits."""
+    listed = entries(layout)
+    if not listed:
+        return []
+    role, recorded = listed[0]
+    shadow.logits = mx.zeros((recorded["vocab"],), dtype=pool.logits_dtype)
+    return [Part(role, (shadow.logits,), {})]
+
+
+def segments(pool: PoolShape, part: Part, shadow: SlotState) -> list[memoryview]:
+    """Where the received logits go: the shadow's row."""
+    assert shadow.logits is not None
+    return [memoryview(shadow.logits).cast("B")]  # type: ignore[arg-type]  # no __buffer__ in stubs

@@ -22,6 +22,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import RotatingKVCache
 
 from engine.codec.checks import entry, expect, integers, listed
+from engine.codec.frame import DTYPES
 from engine.errors import PlanesInvalid, ShapeMismatch
 from engine.layout import LayerKV, dtype_name
 from engine.state import Part, PoolShape, SlotState, Snapshot
@@ -132,3 +133,32 @@ def install(pool: PoolShape, snap: Snapshot, parts: Sequence[Part], shadow: Slot
         cache.keys, cache.values = part.arrays[2 * n][None], part.arrays[2 * n + 1][None]
         cache.offset, cache._idx = ring["offset"], ring["idx"]
         cache.max_size, cache.keep = ring["window"], ring["keep"]
+
+
+def receive(pool: PoolShape, layout: Mapping[str, Any], shadow: SlotState) -> list[Part]:
+    """The shadow's sliding layers as fresh (lazy) buffers of the recorded sizes and
+    positions, and the ring Part whose arrays are those buffers (no batch axis)."""
+    recorded = layout["ring"]
+    if recorded is None:
+        return []
+    dtype = DTYPES[pool.layout.dtype][0]
+    sliding = _sliding(pool)
+    expect("ring layers", [i for i, _ in sliding], [r["layer"] for r in recorded["layers"]])
+    arrays = []
+    for ring, (layer, spec) in zip(recorded["layers"], sliding, strict=True):
+        cache = shadow.cache[layer]
+        if not isinstance(cache, RotatingKVCache):
+            raise ShapeMismatch(f"layer {layer} cache", "RotatingKVCache", type(cache).__name__)
+        shape = (1, spec.kv_heads, ring["size"], spec.head_dim)
+        cache.keys, cache.values = mx.zeros(shape, dtype=dtype), mx.zeros(shape, dtype=dtype)
+        cache.offset, cache._idx = ring["offset"], ring["idx"]
+        cache.max_size, cache.keep = ring["window"], ring["keep"]
+        arrays += [cache.keys[0], cache.values[0]]
+    layers = [r["layer"] for r in recorded["layers"]]
+    return [Part(recorded["role"], tuple(arrays), {"layers": layers})]
+
+
+def segments(pool: PoolShape, part: Part, shadow: SlotState) -> list[memoryview]:
+    """Where the received ring's payload goes: each sliding layer's K then V buffer, whole."""
+    caches = [shadow.cache[layer] for layer in part.fields["layers"]]
+    return [memoryview(b).cast("B") for c in caches for b in (c.keys, c.values)]

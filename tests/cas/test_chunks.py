@@ -125,7 +125,7 @@ def test_eight_concurrent_puts_of_one_chunk(object_store, keyring, aio):
     [
         (0, "bad magic"),
         (4, "version"),
-        (8, "nonce"),  # first nonce byte (header is 4 + 2 + len("k1"))
+        (8, "tag"),  # first ciphertext byte (header is 4 + 2 + len("k1"))
         (30, "tag"),  # ciphertext
         (-1, "tag"),  # tag
     ],
@@ -230,7 +230,7 @@ def test_key_rotation(chunk_store, aio):
     assert aio.run(store.get(old_ref)) == old_data
     new_ref = aio.run(store.put(new_data))
     header = aio.run(store.objects.get(store.key(new_ref.id)))[:8]
-    assert header == b"KVPC\x01\x02k2"
+    assert header == b"KVPC\x02\x02k2"
     assert aio.run(store.put(old_data)) == old_ref  # dedups against the k1 object
     assert aio.run(store.get_many([old_ref, new_ref])).tobytes() == old_data + new_data
     with pytest.raises(UnknownKey):

@@ -1,0 +1,78 @@
+"""Buffers on the read path: reused scratch buffers, and fresh buffers without a fill pass.
+
+- scratch buffer: one sealed chunk's landing place between the object store and the
+  seal. Reusing it spares a fresh zero-filled allocation, and its page faults, per chunk.
+- ScratchPool: lends buffers of at least a size and keeps at most `keep` of them between
+  loans (the largest); its memory cost is about keep × the largest sealed chunk read
+  through it. Thread-safe, so ChunkStores of several namespaces may share one.
+- fresh buffer (`fresh_buffer`): writable memory for bytes about to be written in full.
+  bytearray(n) fills n zeros first, a pass over memory that is then overwritten (and a
+  page fault per 4 KiB); a large fresh buffer is a private anonymous mapping the kernel
+  zeroes as it is first touched, in huge pages where it offers them (Linux THP).
+
+A buffer whose loan ends by cancellation is not taken back: a worker thread of the
+object store may still be writing into it, and the next chunk read into it would then
+fail its tag for no fault of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class ScratchPool:
+    def __init__(self, *, keep: int) -> None:
+        if keep < 0:
+            raise ValueError(f"keep must be >= 0, got {keep}")
+        self.keep = keep
+        self._free: list[bytearray] = []
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"ScratchPool(keep={self.keep}, held={self.held_bytes})"
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes kept between loans."""
+        with self._lock:
+            return sum(len(b) for b in self._free)
+
+    @contextmanager
+    def lend(self, size: int) -> Iterator[memoryview]:
+        """A writable view of exactly `size` bytes, contents undefined."""
+        with self._lock:
+            buf = self._free.pop() if self._free else bytearray()
+        if len(buf) < size:
+            buf = bytearray(size)  # the smaller one is dropped: sizes only grow
+        try:
+            yield memoryview(buf)[:size]
+        except asyncio.CancelledError:
+            raise  # not taken back (see the module docstring)
+        except BaseException:
+            self._give_back(buf)
+            raise
+        else:
+            self._give_back(buf)
+
+    def _give_back(self, buf: bytearray) -> None:
+        with self._lock:
+            self._free.append(buf)
+            self._free.sort(key=len)  # pop() lends the largest
+            del self._free[: max(0, len(self._free) - self.keep)]  # keep the largest
+
+
+HUGE_PAGE = 2 << 20  # below this, a bytearray's fill costs less than a mapping
+
+
+def fresh_buffer(size: int) -> memoryview:
+    """`size` writable bytes (zeros); see the module docstring."""
+    if size < HUGE_PAGE:
+        return memoryview(bytearray(size))
+    area = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):  # Linux
+        area.madvise(mmap.MADV_HUGEPAGE)
+    return memoryview(area)

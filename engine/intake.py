@@ -1,0 +1,89 @@
+"""Intake: a cut's bytes decrypted straight into the slot state they become.
+
+- intake: for a cut's layout (from a verified manifest) and a pool, the shadow SlotState
+  the cut will be — its full layers' caches at the recorded capacity, its rings at their
+  recorded sizes and positions, its logits row — gated like any cut before anything is
+  allocated, and for every part its destinations: the segments of the shadow's own
+  buffers its frame's bytes belong in, in frame order (engine/codec/: each kind's
+  `receive` and `segments`).
+- frame head: a frame's prefix and header (engine/codec/frame.py). The intake knows it
+  before the bytes arrive — it is what the engine itself writes for the gated arrays — so
+  the head lands in a small buffer and must then match exactly. The frame digest lands in
+  another and is not checked: an intake takes only bytes verified against a content
+  digest (cas re-hashes every chunk it returns).
+
+Flow: `intake = slot.intake(layout)` on the thread that runs MLX (it allocates); a reader
+fills `intake.destinations(parts)` from any thread (cas ChunkStore.get_into with
+segments); then `slot.restore(intake, prompt=...)` checks every head and swaps the shadow
+in, once. Nothing is decoded, joined or copied after the decryption: copies per byte from
+the store to the slot are 2 on a local directory (the kernel's read into cas's scratch
+buffer, the decryption into the slot's cache), 3 on S3 (socket to aiohttp, aiohttp to
+scratch, decryption).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import mlx.core as mx
+
+from engine import codec
+from engine.codec import frame
+from engine.errors import PlanesInvalid, RestoreRefused
+from engine.restore import gate
+from engine.state import PoolShape, SlotState, Snapshot
+
+
+class Intake:
+    """The shadow of one cut and where each of its parts' bytes go; used by one restore."""
+
+    def __init__(self, pool: PoolShape, layout: Mapping[str, Any]) -> None:
+        self.pool = pool
+        self._shadow: SlotState | None = pool.fresh_state()
+        snap = codec.receive(pool, layout, self._shadow)
+        # A cut without logits serves only as an aligned ancestor; the request's own mode
+        # is checked again by restore.
+        gate(pool, snap, depth=snap.depth, mode="exact" if snap.logits_witnessed else "ancestor")
+        mx.eval(self._shadow.arrays())  # allocates, now that the layout passed the gate
+        self.snapshot = snap
+        self._heads: dict[str, tuple[bytes, memoryview]] = {}
+        self._segments: dict[str, list[memoryview]] = {}
+        for part in snap.parts:
+            expected = frame.head(part.kind, part.arrays, **part.fields)
+            landed = memoryview(bytearray(len(expected) + frame.DIGEST_SIZE))
+            self._heads[part.role] = (expected, landed[: len(expected)])
+            self._segments[part.role] = [landed, *codec.segments(pool, part, self._shadow)]
+
+    @property
+    def roles(self) -> list[str]:
+        return [p.role for p in self.snapshot.parts]
+
+    def destinations(self, parts: Sequence[tuple[str, int]]) -> list[list[memoryview]]:
+        """The segments each (role, size) part fills, in the order given; PlanesInvalid
+        unless the parts are exactly the layout's and each has the size its frame needs."""
+        if sorted(role for role, _ in parts) != sorted(self._segments):
+            got = [role for role, _ in parts]
+            raise PlanesInvalid(None, f"parts {got} do not match the layout's {self.roles}")
+        out = []
+        for role, size in parts:
+            segments = self._segments[role]
+            needed = sum(s.nbytes for s in segments)
+            if size != needed:
+                raise PlanesInvalid(role, f"part has {size} bytes, its frame needs {needed}")
+            out.append(segments)
+        return out
+
+    def take(self, pool: PoolShape) -> tuple[Snapshot, SlotState]:
+        """The filled shadow, once, after checking every part's head; PlanesInvalid when a
+        part is not the frame the engine expects, RestoreRefused on reuse or another pool."""
+        if pool is not self.pool:
+            raise RestoreRefused("intake was made for another slot pool")
+        shadow, self._shadow = self._shadow, None
+        if shadow is None:
+            raise RestoreRefused("intake already restored")
+        heads, self._heads, self._segments = self._heads, {}, {}  # the slot's, from now on
+        for role, (expected, landed) in heads.items():
+            if landed != expected:
+                raise PlanesInvalid(role, "part is not the frame this engine expects here")
+        return self.snapshot, shadow

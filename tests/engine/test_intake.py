@@ -1,0 +1,164 @@
+"""Intake: a cut's frames written straight into the shadow they become — bit-identical to
+the cut restored from memory, no copy after the bytes land, and every part checked
+against the frame the engine expects before the swap."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from engine.errors import PlanesInvalid, RestoreRefused, ShapeMismatch
+from engine.format import encode
+from engine.state import Planes
+from tests.engine.slotkit import (
+    PROMPT,
+    TINY_A,
+    cold,
+    continue_greedy,
+    drop_logits,
+    physical,
+    prompt,
+    tiny_pool,
+)
+
+
+def fill(intake, planes: Planes, data_of=None) -> None:
+    """What a reader does: each part's bytes, in order, across its segments."""
+    parts = [(role, data_of(role) if data_of else data) for role, data in planes.parts]
+    dests = intake.destinations([(role, len(data)) for role, data in parts])
+    for (_, data), segments in zip(parts, dests, strict=True):
+        view, pos = memoryview(data), 0
+        for seg in segments:
+            seg[:] = view[pos : pos + seg.nbytes]
+            pos += seg.nbytes
+        assert pos == len(data)
+
+
+@pytest.mark.parametrize("decode_first", [0, 5], ids=["after-prefill", "rotated-ring"])
+def test_exact_intake_is_bit_identical(decode_first):
+    """An exact cut (blocks, wrapped rings, logits) written into an intake restores to the
+    same cache bytes, rotation and capacity, and the same continuation, as the cut itself."""
+    pool = tiny_pool(2)
+    a = cold(pool, PROMPT, 0)
+    a.generate(max_tokens=decode_first, stop=())
+    planes = encode(a.export())
+    b = pool.slot(1)
+    b.prefill(prompt(40, seed=5))
+    intake = b.intake(planes.layout)
+    fill(intake, planes)
+    snap = b.restore(intake, prompt=a.tokens)
+    assert snap.depth == a.depth and b.tokens == a.tokens
+    assert physical(b) == physical(a)
+    assert continue_greedy(b) == continue_greedy(a)
+
+
+@pytest.mark.parametrize("logits", [True, False], ids=["with-logits", "logit-less"])
+def test_ancestor_intake_then_prefill_matches_cold(logits):
+    """An aligned cut through an intake (with its logits or without), then the rest of the
+    prompt prefilled, computes exactly what a cold run of the whole prompt does."""
+    pool = tiny_pool(2)
+    tokens = prompt(5 * TINY_A + 17, seed=3)
+    cuts = {}
+    a = pool.slot(0)
+    a.reset()
+    a.prefill(tokens, on_boundary=lambda d: cuts.setdefault(d, a.export()))
+    cut = cuts[3 * TINY_A]
+    planes = encode(cut if logits else drop_logits(cut))
+    b = pool.slot(1)
+    intake = b.intake(planes.layout)
+    fill(intake, planes)
+    b.restore(intake, prompt=tokens)
+    b.prefill(tokens[3 * TINY_A :])
+    assert physical(b) == physical(a)
+    assert continue_greedy(b) == continue_greedy(a)
+
+
+def test_intake_holds_the_bytes_where_they_landed():
+    """No copy after the bytes land: a byte written into a block's segment after the restore
+    is in the slot's cache (the segments are the cache's own memory)."""
+    pool = tiny_pool(2)
+    a = cold(pool, PROMPT, 0)
+    planes = encode(a.export())
+    b = pool.slot(1)
+    intake = b.intake(planes.layout)
+    sizes = [(role, len(data)) for role, data in planes.parts]
+    segments = intake.destinations(sizes)[[r for r, _ in sizes].index("block/0")]
+    fill(intake, planes)
+    b.restore(intake, prompt=a.tokens)
+    layer = next(i for i, c in enumerate(b.state.cache) if type(c).__name__ == "KVCache")
+    before = bytes(memoryview(b.state.cache[layer].keys))
+    segments[1][:4] = bytes(4) if segments[1][:4] != bytes(4) else b"\1\1\1\1"
+    assert bytes(memoryview(b.state.cache[layer].keys)) != before
+
+
+def test_a_part_of_another_place_is_refused_and_the_slot_untouched():
+    """Block 1's bytes where block 0 belongs (same size, another header): PlanesInvalid at
+    restore, and the slot keeps what it had."""
+    pool = tiny_pool(2)
+    a = cold(pool, PROMPT, 0)
+    planes = encode(a.export())
+    b = cold(pool, prompt(90, seed=6), 1)
+    before, expected = b.state, continue_greedy(cold(pool, prompt(90, seed=6), 0), 8)
+    parts = dict(planes.parts)
+    intake = b.intake(planes.layout)
+    fill(intake, planes, lambda role: parts["block/1"] if role == "block/0" else parts[role])
+    with pytest.raises(PlanesInvalid) as e:
+        b.restore(intake, prompt=a.tokens)
+    assert e.value.role == "block/0"
+    assert b.state is before and continue_greedy(b, 8) == expected
+
+
+def test_layouts_that_do_not_fit_are_refused_before_allocating():
+    """A layout of another identity, an impossible capacity or ring size, another depth, a
+    malformed entry, or a non-aligned cut without logits (it could serve nothing):
+    RestoreRefused from Slot.intake itself."""
+    pool = tiny_pool(1)
+    snap = cold(pool, PROMPT, 0).export()
+
+    def edited(edit):
+        layout = copy.deepcopy(dict(snap.layout))
+        edit(layout)
+        return layout
+
+    def ring_size(layout):
+        layout["ring"]["layers"][0]["size"] = 10**9
+
+    broken = [
+        edited(lambda layout: layout.update(identity="00" * 32)),
+        edited(lambda layout: layout.update(capacity=10**9)),
+        edited(lambda layout: layout.update(capacity=-1)),
+        edited(ring_size),
+        edited(lambda layout: layout.update(depth=snap.depth + TINY_A)),
+        edited(lambda layout: layout.update(blocks="nope")),
+        dict(drop_logits(snap).layout),
+    ]
+    for layout in broken:
+        with pytest.raises(RestoreRefused):
+            pool.slot(0).intake(layout)
+
+
+def test_destinations_check_roles_and_sizes_and_an_intake_is_used_once():
+    """destinations refuses missing or extra roles and wrong sizes; a restored intake
+    cannot be restored again, nor into another pool."""
+    pool = tiny_pool(2)
+    a = cold(pool, PROMPT, 0)
+    planes = encode(a.export())
+    intake = pool.slot(1).intake(planes.layout)
+    sizes = [(role, len(data)) for role, data in planes.parts]
+    with pytest.raises(PlanesInvalid):
+        intake.destinations(sizes[1:])
+    with pytest.raises(PlanesInvalid):
+        intake.destinations([*sizes, ("block/99", 10)])
+    with pytest.raises(PlanesInvalid):
+        intake.destinations([(sizes[0][0], sizes[0][1] + 1), *sizes[1:]])
+    fill(intake, planes)
+    with pytest.raises(RestoreRefused):
+        tiny_pool(1).slot(0).restore(intake, prompt=a.tokens)
+    pool.slot(1).restore(intake, prompt=a.tokens)
+    with pytest.raises(RestoreRefused):
+        pool.slot(0).restore(intake, prompt=a.tokens)
+    with pytest.raises(ShapeMismatch):
+        fresh = pool.slot(0).intake(planes.layout)
+        fill(fresh, planes)
+        pool.slot(0).restore(fresh, prompt=a.tokens[:-1])

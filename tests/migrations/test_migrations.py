@@ -26,6 +26,10 @@ TABLES = {
     "trusted_keys",
     "accepted_generations",
     "api_keys",
+    "quotas",
+    "leases",
+    "condemnations",
+    "maintenance_runs",
 }
 
 

@@ -357,9 +357,23 @@ def collectible_chunks(*, session: Session, cutoff: datetime, limit: int) -> lis
 def condemn_chunks(
     *, session: Session, ids: Sequence[str], cutoff: datetime, now: datetime, run_id: str
 ) -> list[str]:
-    """Claim chunks for deletion, re-checking every condition in the UPDATE itself."""
+    """Claim chunks for deletion, re-checking every condition in the UPDATE itself.
+
+    The rows are locked first, in a statement of their own: on PostgreSQL an UPDATE that
+    waited for a publish's commit re-checks only the row itself, with its subqueries
+    still on the snapshot taken before that commit, so its NOT EXISTS could miss the
+    manifest_chunks rows the publish just committed (and with a short grace period the
+    publish's touch can be older than the cutoff). Once the locks are ours, the UPDATE
+    is a new statement on a new snapshot: it sees every reference committed before, and
+    a publish committing after waits for our locks and then finds the rows condemned."""
     if not ids:
         return []
+    session.execute(
+        select(ChunkRow.id)
+        .where(ChunkRow.id.in_(sorted(ids)), ChunkRow.condemned_at.is_(None))
+        .order_by(ChunkRow.id)
+        .with_for_update()
+    ).all()
     session.execute(
         update(ChunkRow)
         .where(ChunkRow.id.in_(sorted(ids)), *_collectible(cutoff))

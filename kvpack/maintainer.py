@@ -145,7 +145,13 @@ class Maintainer:
                     next_gc = time.monotonic() + self.gc_interval_s
                     next_stats = now
                 if next_verify is not None and now >= next_verify:
-                    self.verify_once()
+                    done = self.verify_once()
+                    if done.outcome == "problems" and isinstance(done.report, VerifyReport):
+                        log.error(
+                            "verify: %d broken object(s), %d cut(s) affected: run `kvpack "
+                            "vault verify --repair`", len(done.report.problems),
+                            len(done.report.broken_cuts),
+                        )  # fmt: skip
                     next_verify = time.monotonic() + self.verify_interval_s
                     next_stats = now
                 if now >= next_stats:
@@ -236,13 +242,6 @@ class Maintainer:
         outcome = "ok" if report.ok else "problems"
         self._record("verify", started, outcome, verify_summary(report))
         self._release(VERIFY_LEASE)
-        if not report.ok:
-            log.error(
-                "verify: %d broken object(s), %d cut(s) affected: run `kvpack vault "
-                "verify --repair`",
-                len(report.problems),
-                len(report.broken_cuts),
-            )
         self.last = Pass("verify", outcome, self.holder, report)
         return self.last
 

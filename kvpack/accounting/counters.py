@@ -23,7 +23,8 @@ Words (see DESIGN.md):
   (`kvpack_condemned_cuts_total{reason}`; catalog/condemn.py names the reasons).
 - first token: seconds from a request reaching the service to its first generated token,
   by the tier that served its prefix ("none": cold) (`kvpack_first_token_seconds`); the
-  most recent ones are kept for the status page's plot (`recent_first_tokens`).
+  most recent ones are kept for the status page's plot (`recent_first_tokens`). A
+  request that generates no token (its first is a stop token) records none.
 
 Each service instance owns one `CollectorRegistry` (never the global default), so tests
 and two services in one process never collide. With `per_namespace=True` every metric

@@ -16,7 +16,8 @@ as `kvpack serve` finds it (the storage flags, the environment, --config).
 
 - stats: footprint (distinct chunk bytes the cuts reference), stored and pending bytes,
   cuts, chunks, the dedup ratio (cut bytes / footprint), hits; per identity (with its
-  model) and per tenant, with the budget (store_budget) and each quota's use.
+  model) and per tenant, with the budget (store_budget, else the one the last GC pass
+  applied) and each quota's use.
 - verify: catalog/verify.py; names each broken object and the cuts it breaks. --repair
   condemns them (the next request recomputes and republishes each).
 - gc: one pass of the maintainer (kvpack/maintainer.py) under its lease; --budget and
@@ -203,6 +204,8 @@ def _stats(args: argparse.Namespace) -> int:
             lambda s: (runs.last(session=s, kind="gc"), runs.last(session=s, kind="verify"))
         )
     budget = settings.store_budget
+    if budget is None and last_gc is not None:  # the budget the fleet's collector applies
+        budget = (last_gc.details or {}).get("budget_bytes")
     t = st.total
     doc = {
         **st.to_json(),

@@ -152,9 +152,11 @@ small {{ color: #666; }} .cold {{ fill: #c0392b; }} .warm {{ fill: #2471a3; }}
 <tr><th>cuts</th>{metric(found, "kvpack_vault_manifests")}</tr>
 <tr><th>chunks</th>{metric(found, "kvpack_vault_chunks")}</tr>
 <tr><th>dedup ratio (cut bytes / footprint)</th>{metric(found, "kvpack_vault_dedup_ratio")}</tr>
-<tr><th>last GC</th><td>{_when(total(found, "kvpack_gc_last_run_timestamp_seconds"))}</td>
-{metric(found, "kvpack_gc_last_success")}</tr>
-<tr><th>last verify</th><td>{_when(total(found, "kvpack_verify_last_run_timestamp_seconds"))}</td>
+<tr><th>last GC</th><td>{_when(total(found, "kvpack_gc_last_run_timestamp_seconds"))}</td></tr>
+<tr><th>last GC succeeded (1 = yes)</th>{metric(found, "kvpack_gc_last_success")}</tr>
+<tr><th>last verify</th>
+<td>{_when(total(found, "kvpack_verify_last_run_timestamp_seconds"))}</td></tr>
+<tr><th>broken objects the last verify found</th>
 {metric(found, "kvpack_verify_last_problems")}</tr>
 </table>
 <h2>Tenants</h2>

@@ -1,11 +1,13 @@
 """Catalog tables: the facts about what the vault holds.
 
 Words (see DESIGN.md):
-- identities: one row per identity digest, with the components that made it.
+- identities: one row per identity digest, with the components that made it, its
+  tenant namespace and the name of the model it was loaded as (what `kvpack vault
+  forget --model` and the per-identity stats go by; None where not recorded).
 - manifests: one row per sealed cut: identity, depth, chain digest (the token
   chain link naming tokens[:depth]), aligned, logits witnessed, bytes,
   generation, producer, provenance, the idempotency key (UNIQUE: one history,
-  one manifest), the manifest object's key, created and last-hit times.
+  one manifest), the manifest object's key, created and last-hit times, hits.
 - manifest_chunks: the ordered chunk references of a manifest (ordinal, role).
 - chunks: one row per stored chunk id: plaintext size, stored size, when its
   row was created (its first reservation), when a manifest or a publish last
@@ -20,6 +22,13 @@ Words (see DESIGN.md):
 - api_keys: bearer keys, stored as SHA-256 of the secret, each with its role (tenant,
   peer, admin) and namespace; a revoked key keeps its row with revoked_at set.
 - economics_ledger: paired restore/prefill timings.
+- quotas: the byte quota of a tenant namespace (its footprint; catalog/gc.py evicts the
+  tenant's own least recently hit cuts above it).
+- leases: a named, expiring claim (catalog/lease.py): one collector of a fleet at a time.
+- condemnations: a record per cut condemned because it failed verification, and why
+  (catalog/condemn.py); the cut's own rows are gone, so it is never offered again.
+- maintenance_runs: one row per GC or verify pass (who, when, outcome, a JSON summary):
+  the fleet's last GC and last verify, whichever instance or command ran them.
 
 Digests are stored as lowercase hex strings (identity, chain, chunk ids,
 idempotency keys): portable across SQLite and PostgreSQL, and the same text as
@@ -89,6 +98,8 @@ class IdentityRow(Base):
     digest: Mapped[str] = mapped_column(String(HEX_DIGEST), primary_key=True)
     components: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    namespace: Mapped[str | None] = mapped_column(String(255), index=True)
+    model: Mapped[str | None] = mapped_column(String(255), index=True)
 
 
 class ManifestRow(Base):
@@ -113,6 +124,7 @@ class ManifestRow(Base):
     object_key: Mapped[str] = mapped_column(String(1024))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     last_hit_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    hits: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 class ManifestChunkRow(Base):
@@ -199,6 +211,51 @@ class EconomicsRow(Base):
     restore_seconds: Mapped[float] = mapped_column(Float)
     prefill_seconds: Mapped[float] = mapped_column(Float)
     measured_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class QuotaRow(Base):
+    __tablename__ = "quotas"
+    __table_args__ = (CheckConstraint("bytes >= 0", name="bytes_nonnegative"),)
+
+    namespace: Mapped[str] = mapped_column(String(255), primary_key=True)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class LeaseRow(Base):
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(255))
+    acquired_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class CondemnationRow(Base):
+    __tablename__ = "condemnations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    manifest: Mapped[str] = mapped_column(String(MANIFEST_ID), index=True)
+    identity: Mapped[str] = mapped_column(String(HEX_DIGEST))
+    depth: Mapped[int] = mapped_column(BigInteger)
+    object_key: Mapped[str] = mapped_column(String(1024))
+    kind: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str] = mapped_column(Text)
+    chunk: Mapped[str | None] = mapped_column(String(HEX_DIGEST))
+    condemned_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+
+
+class MaintenanceRunRow(Base):
+    __tablename__ = "maintenance_runs"
+    __table_args__ = (Index("ix_maintenance_runs_kind_finished_at", "kind", "finished_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    holder: Mapped[str] = mapped_column(String(255))
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    outcome: Mapped[str] = mapped_column(String(16))
+    details: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 metadata = Base.metadata

@@ -5,7 +5,9 @@ catalog rows in one transaction, so a reader never sees a manifest whose
 chunks are not all stored (DESIGN invariant 6). In order:
 
 1. the idempotency key (domain tag + identity + full-history chain digest)
-   finds an existing manifest → return it (same history, one manifest);
+   finds an existing manifest → return it (same history, one manifest); one whose
+   manifest object is gone or fails its checks is condemned (catalog/condemn.py) and
+   the history is published anew;
 2. reserve: insert or touch a chunk row per chunk id and commit, before any
    upload (GC spares a chunk for a grace period after its last reference; a
    chunk GC has already condemned is waited for, then stored afresh);
@@ -52,6 +54,7 @@ from cas.keys import Keyring
 from cas.layout import object_key
 from cas.seal import sealed_size
 from catalog import queries
+from catalog.condemn import condemn, kind_of
 from catalog.errors import (
     ChunksBeingCollected,
     GenerationExhausted,
@@ -138,7 +141,17 @@ async def publish(
 
     existing = await run_tx(db, lambda s: queries.cut_by_idempotency_key(session=s, key=key))
     if existing is not None:
-        return (await _open_cut(chunks, keyring, existing, identity)).manifest
+        try:
+            return (await open_cut(chunks, keyring, existing, identity)).manifest
+        except (ManifestInvalid, StaleGeneration) as e:
+            # A damaged row must not block its history for ever: condemn it, publish anew.
+            await condemn(
+                objects=chunks.objects,
+                db=db,
+                manifest_id=existing.manifest_id,
+                kind=kind_of(e),
+                reason=str(e),
+            )
 
     blobs = [data for _, data in parts]
     # Each chunk is digested once per publish; the store seals under these ids.
@@ -190,8 +203,7 @@ async def publish(
                 db,
                 partial(
                     _commit,
-                    identity=identity,
-                    components=scope.components,
+                    scope=scope,
                     values=values,
                     parts=parts,
                     ids=hex_ids,
@@ -206,7 +218,7 @@ async def publish(
             await point("committed")
             return manifest
         await chunks.objects.delete(okey)  # nobody else can name this attempt's object
-        return (await _open_cut(chunks, keyring, winner, identity)).manifest
+        return (await open_cut(chunks, keyring, winner, identity)).manifest
     raise ChunksBeingCollected([i.hex for i in ids])
 
 
@@ -215,16 +227,9 @@ async def load_cut(
 ) -> LoadedCut:
     """Fetch and verify a cut: MAC, identity, agreement with its row, then every chunk
     (open_cut, then load_parts into one buffer)."""
-    sealed = await open_cut(chunks=chunks, keyring=keyring, cut=cut, identity=identity)
+    sealed = await open_cut(chunks, keyring, cut, identity)
     parts = await _in_one_buffer(chunks, sealed.manifest)
     return LoadedCut(sealed.manifest, parts, sealed.signature)
-
-
-async def open_cut(
-    *, chunks: ChunkStore, keyring: Keyring, cut: Cut, identity: IdentityDigest
-) -> SealedManifest:
-    """The manifest a cut's row names, verified (MAC, identity, agreement with the row)."""
-    return await _open_cut(chunks, keyring, cut, identity)
 
 
 async def load_parts(
@@ -288,8 +293,7 @@ class _Collected(Exception):
 
 def _commit(
     session: Session,
-    identity: IdentityDigest,
-    components: Mapping[str, Any] | None,
+    scope: Scope,
     values: dict[str, Any],
     parts: Sequence[tuple[str, Any]],
     ids: Sequence[str],
@@ -297,7 +301,14 @@ def _commit(
 ) -> Cut | None:
     """Rows for the manifest in one transaction; the winner's row if another publish won."""
     now = datetime.now(UTC)
-    queries.ensure_identity(session=session, identity=identity, components=components, now=now)
+    queries.ensure_identity(
+        session=session,
+        identity=scope.identity,
+        components=scope.components,
+        now=now,
+        namespace=scope.namespace,
+        model=scope.model,
+    )
     held = queries.claims(session=session, ids=ids, lock=True)
     for i in ids:
         claim = held.get(i)
@@ -335,10 +346,12 @@ def _object_key(manifest: Manifest) -> str:
     )
 
 
-async def _open_cut(
+async def open_cut(
     chunks: ChunkStore, keyring: Keyring, cut: Cut, identity: IdentityDigest
 ) -> SealedManifest:
-    """The manifest a cut's row names, verified against the row and the asked identity."""
+    """The manifest a cut's row names, verified against the row and the asked identity:
+    ManifestMissing, ManifestInvalid or StaleGeneration otherwise (`kvpack vault verify`
+    checks every cut with it)."""
     if cut.identity != identity:
         raise ManifestInvalid(f"cut {cut.manifest_id} is of identity {cut.identity.short}")
     try:

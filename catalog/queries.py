@@ -83,7 +83,7 @@ class ChunkClaim:
     condemned: bool
 
 
-_CUT_COLUMNS = (
+CUT_COLUMNS = (
     ManifestRow.id,
     ManifestRow.identity,
     ManifestRow.depth,
@@ -123,7 +123,7 @@ def find_deepest(
         return None
     m = ManifestRow
     row = session.execute(
-        select(*_CUT_COLUMNS)
+        select(*CUT_COLUMNS)
         .where(
             m.identity == identity.hex,
             m.chain.in_([digest.hex for _, digest in links]),  # served by (identity, chain)
@@ -141,25 +141,26 @@ def find_deepest(
 
 def get_cut(*, session: Session, manifest_id: ManifestId) -> Cut | None:
     row = session.execute(
-        select(*_CUT_COLUMNS).where(ManifestRow.id == manifest_id.hex)
+        select(*CUT_COLUMNS).where(ManifestRow.id == manifest_id.hex)
     ).one_or_none()
     return None if row is None else Cut.of(row)
 
 
 def touch_cut(*, session: Session, manifest_id: ManifestId, at: datetime | None = None) -> bool:
-    """Mark a cut as just served (GC evicts the least recently hit first). False if gone."""
+    """Mark a cut as just served and count the hit (GC evicts the least recently hit
+    first). False if gone."""
     changed = affected_rows(
         session,
         update(ManifestRow)
         .where(ManifestRow.id == manifest_id.hex)
-        .values(last_hit_at=at or _now()),
+        .values(last_hit_at=at or _now(), hits=ManifestRow.hits + 1),
     )
     return changed == 1
 
 
 def cut_by_idempotency_key(*, session: Session, key: bytes) -> Cut | None:
     row = session.execute(
-        select(*_CUT_COLUMNS).where(ManifestRow.idempotency_key == key.hex())
+        select(*CUT_COLUMNS).where(ManifestRow.idempotency_key == key.hex())
     ).one_or_none()
     return None if row is None else Cut.of(row)
 
@@ -242,11 +243,32 @@ def ensure_identity(
     identity: IdentityDigest,
     components: Mapping[str, Any] | None,
     now: datetime,
+    namespace: str | None = None,
+    model: str | None = None,
 ) -> None:
+    """The identity's row; a row recorded without a model name (or namespace) gets it."""
     stmt = dialect_insert(session, IdentityRow).values(
-        digest=identity.hex, components=dict(components) if components else None, created_at=now
+        digest=identity.hex,
+        components=dict(components) if components else None,
+        created_at=now,
+        namespace=namespace,
+        model=model,
     )
-    session.execute(stmt.on_conflict_do_nothing(index_elements=[IdentityRow.digest]))
+    i = IdentityRow
+    missing = or_(
+        and_(i.model.is_(None), stmt.excluded.model.is_not(None)),
+        and_(i.namespace.is_(None), stmt.excluded.namespace.is_not(None)),
+    )
+    session.execute(
+        stmt.on_conflict_do_update(
+            index_elements=[i.digest],
+            set_={
+                "model": func.coalesce(i.model, stmt.excluded.model),
+                "namespace": func.coalesce(i.namespace, stmt.excluded.namespace),
+            },
+            where=missing,
+        )
+    )
 
 
 def insert_manifest(
@@ -273,9 +295,19 @@ def insert_manifest(
 # -- GC --------------------------------------------------------------------------------
 
 
-def referenced_bytes(*, session: Session) -> int:
-    """Plaintext bytes of the distinct chunks that at least one manifest references."""
+def referenced_bytes(*, session: Session, namespace: str | None = None) -> int:
+    """Plaintext bytes of the distinct chunks that at least one manifest references (of
+    `namespace`'s identities only, when given: chunk ids are keyed per namespace, so
+    tenants never share a chunk and their footprints add up to the vault's)."""
     referenced = exists().where(ManifestChunkRow.chunk == ChunkRow.id)
+    if namespace is not None:
+        referenced = (
+            exists()
+            .where(ManifestChunkRow.chunk == ChunkRow.id)
+            .where(ManifestChunkRow.manifest == ManifestRow.id)
+            .where(ManifestRow.identity == IdentityRow.digest)
+            .where(IdentityRow.namespace == namespace)
+        )
     total = select(func.coalesce(func.sum(ChunkRow.size), 0)).where(referenced)
     return int(session.execute(total).scalar_one())
 
@@ -289,13 +321,19 @@ def exclusive_bytes(*, session: Session, manifest_id: ManifestId) -> int:
     return int(session.execute(total).scalar_one())
 
 
-def least_recently_hit(*, session: Session, limit: int) -> list[tuple[ManifestId, str]]:
-    """(manifest id, object key), least recently hit first (never hit: by creation)."""
+def least_recently_hit(
+    *, session: Session, limit: int, namespace: str | None = None
+) -> list[tuple[ManifestId, str]]:
+    """(manifest id, object key), least recently hit first (never hit: by creation); only
+    cuts of `namespace`'s identities when given."""
     m = ManifestRow
     last_use = func.coalesce(m.last_hit_at, m.created_at)
-    rows = session.execute(
-        select(m.id, m.object_key).order_by(last_use, m.created_at, m.id).limit(limit)
-    )
+    stmt = select(m.id, m.object_key)
+    if namespace is not None:
+        stmt = stmt.join(IdentityRow, IdentityRow.digest == m.identity).where(
+            IdentityRow.namespace == namespace
+        )
+    rows = session.execute(stmt.order_by(last_use, m.created_at, m.id).limit(limit))
     return [(ManifestId.from_hex(r.id), r.object_key) for r in rows]
 
 
@@ -334,9 +372,23 @@ def collectible_chunks(*, session: Session, cutoff: datetime, limit: int) -> lis
 def condemn_chunks(
     *, session: Session, ids: Sequence[str], cutoff: datetime, now: datetime, run_id: str
 ) -> list[str]:
-    """Claim chunks for deletion, re-checking every condition in the UPDATE itself."""
+    """Claim chunks for deletion, re-checking every condition in the UPDATE itself.
+
+    The rows are locked first, in a statement of their own: on PostgreSQL an UPDATE that
+    waited for a publish's commit re-checks only the row itself, with its subqueries
+    still on the snapshot taken before that commit, so its NOT EXISTS could miss the
+    manifest_chunks rows the publish just committed (and with a short grace period the
+    publish's touch can be older than the cutoff). Once the locks are ours, the UPDATE
+    is a new statement on a new snapshot: it sees every reference committed before, and
+    a publish committing after waits for our locks and then finds the rows condemned."""
     if not ids:
         return []
+    session.execute(
+        select(ChunkRow.id)
+        .where(ChunkRow.id.in_(sorted(ids)), ChunkRow.condemned_at.is_(None))
+        .order_by(ChunkRow.id)
+        .with_for_update()
+    ).all()
     session.execute(
         update(ChunkRow)
         .where(ChunkRow.id.in_(sorted(ids)), *_collectible(cutoff))
@@ -373,6 +425,44 @@ def adopt_abandoned(
     return list(
         session.scalars(
             select(ChunkRow.id).where(ChunkRow.id.in_(ids), ChunkRow.condemned_by == run_id)
+        )
+    )
+
+
+def manifest_object_keys(*, session: Session) -> set[str]:
+    """The object key of every manifest row (what an orphan sweep must leave alone)."""
+    return set(session.scalars(select(ManifestRow.object_key)))
+
+
+def chunk_ids(*, session: Session) -> set[str]:
+    """Every chunk row's id (hex), condemned or not."""
+    return set(session.scalars(select(ChunkRow.id)))
+
+
+def claim_orphans(*, session: Session, ids: Sequence[str], now: datetime, run_id: str) -> list[str]:
+    """Insert a condemned row of this run for each chunk id that has no row; the ids
+    claimed (an id some publish reserved meanwhile keeps that publish's row)."""
+    if not ids:
+        return []
+    stmt = dialect_insert(session, ChunkRow).values(
+        [
+            {
+                "id": i,
+                "size": 0,
+                "first_stored_at": now,
+                "last_referenced_at": now,
+                "condemned_at": now,
+                "condemned_by": run_id,
+            }
+            for i in sorted(ids)
+        ]
+    )
+    session.execute(stmt.on_conflict_do_nothing(index_elements=[ChunkRow.id]))
+    return list(
+        session.scalars(
+            select(ChunkRow.id)
+            .where(ChunkRow.id.in_(sorted(ids)), ChunkRow.condemned_by == run_id)
+            .order_by(ChunkRow.id)
         )
     )
 

@@ -8,6 +8,9 @@
 - components: what the identity digest was made of (model, tokenizer, layout, ...),
   recorded with the identity's catalog row on its first publish. Not part of the
   scope's equality: the digest already is.
+- model: the name the model was loaded as ("smollm2", a directory, a repo id), recorded
+  with the identity beside its components (`kvpack vault forget --model`, the stats).
+  Not a component: naming a model differently does not change its state.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ class Scope:
     namespace: str
     alignment: int
     components: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    model: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.identity, IdentityDigest):

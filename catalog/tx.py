@@ -2,6 +2,8 @@
 
 - run_tx: one transaction in a worker thread, so it never spans an await; a Session the
   caller passes runs inline, inside the caller's own transaction.
+- with_session: a query (which takes its session by keyword) bound to its other
+  arguments, as the one-argument function run_tx runs.
 - checkpoint: an awaitable called with a step name ("chunks_stored", ...), where tests
   pause or kill a publisher or collector to force an interleaving.
 """
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
@@ -28,6 +30,10 @@ async def run_tx(db: Engine | Session, fn: Callable[[Session], T]) -> T:
             return fn(session)
 
     return await asyncio.to_thread(work)
+
+
+def with_session(query: Callable[..., T], **arguments: Any) -> Callable[[Session], T]:
+    return lambda session: query(session=session, **arguments)
 
 
 async def no_checkpoint(_: str) -> None:

@@ -17,6 +17,7 @@ COMMANDS = (
     "keys",
     "peers",
     "quarantine",
+    "vault",
 )
 
 

@@ -19,6 +19,11 @@ names come after kvpack's own), its parser and its default.
     s3_region         KVPACK_S3_REGION, AWS_REGION, AWS_DEFAULT_REGION   (us-east-1)
     s3_access_key     KVPACK_S3_ACCESS_KEY, AWS_ACCESS_KEY_ID
     s3_secret_key     KVPACK_S3_SECRET_KEY, AWS_SECRET_ACCESS_KEY
+    store_budget      KVPACK_STORE_BUDGET   the vault's byte budget ("50GiB"; unset: none)
+    gc_interval_s     KVPACK_GC_INTERVAL    the maintainer's GC interval ("5m"; 0: off)
+    gc_grace_s        KVPACK_GC_GRACE       how long an unreferenced chunk is kept ("1h")
+    quarantine_retention_s  KVPACK_QUARANTINE_RETENTION  quarantined imports kept ("7d")
+    verify_interval_s KVPACK_VERIFY_INTERVAL  the maintainer's verify interval (0: off)
 
 The store URL is parsed once, here (cas.open.StoreUrl). The embedded default is SQLite
 plus a local directory under the data dir; pointing many instances at one PostgreSQL and
@@ -43,12 +48,16 @@ from cas.s3 import S3Config
 from cas.store import ObjectStore
 from catalog.db import make_engine, normalize_database_url
 from catalog.signing import ProducerKeys
+from kvpack.units import parse_duration, parse_size
 
 DEFAULT_DATA_DIR = Path("~/.kvpack")
 DEFAULT_ALIGNMENT = 256
 DEFAULT_PEER_TIMEOUT_S = 10.0
 DEFAULT_S3_REGION = "us-east-1"
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
+DEFAULT_GC_INTERVAL_S = 300.0
+DEFAULT_GC_GRACE_S = 3600.0
+DEFAULT_QUARANTINE_RETENTION_S = 7 * 86400.0
 PRODUCER_FILE = "producer-id"
 
 
@@ -76,6 +85,11 @@ class Settings:
     s3_access_key: str | None = None
     s3_secret_key: str | None = None
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    store_budget: int | None = None
+    gc_interval_s: float = DEFAULT_GC_INTERVAL_S
+    gc_grace_s: float = DEFAULT_GC_GRACE_S
+    quarantine_retention_s: float = DEFAULT_QUARANTINE_RETENTION_S
+    verify_interval_s: float = 0.0
 
     def __repr__(self) -> str:  # never print a secret
         secret = "***" if self.s3_secret_key else None
@@ -209,6 +223,14 @@ def _store_url(value: Any) -> StoreUrl:
     return parse_store_url(_text(value))
 
 
+def _size(value: Any) -> int:
+    return parse_size(value if isinstance(value, int) else str(value))
+
+
+def _duration(value: Any) -> float:
+    return parse_duration(value if isinstance(value, int | float) else str(value))
+
+
 SETTINGS: tuple[Setting, ...] = (
     Setting("data_dir", ("KVPACK_DATA_DIR",), _path, lambda v: _path(DEFAULT_DATA_DIR)),
     Setting(
@@ -256,6 +278,16 @@ SETTINGS: tuple[Setting, ...] = (
         _positive_seconds,
         lambda v: DEFAULT_DRAIN_TIMEOUT_S,
     ),
+    Setting("store_budget", ("KVPACK_STORE_BUDGET",), _size, lambda v: None),
+    Setting("gc_interval_s", ("KVPACK_GC_INTERVAL",), _duration, lambda v: DEFAULT_GC_INTERVAL_S),
+    Setting("gc_grace_s", ("KVPACK_GC_GRACE",), _duration, lambda v: DEFAULT_GC_GRACE_S),
+    Setting(
+        "quarantine_retention_s",
+        ("KVPACK_QUARANTINE_RETENTION",),
+        _duration,
+        lambda v: DEFAULT_QUARANTINE_RETENTION_S,
+    ),
+    Setting("verify_interval_s", ("KVPACK_VERIFY_INTERVAL",), _duration, lambda v: 0.0),
 )
 
 

@@ -24,11 +24,14 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from cas.chunks import ChunkStore
+from cas.ids import ChunkId
 from cas.keys import Keyring
 from cas.sealed import SealedObjects
 from cas.store import ObjectStore
 from catalog import ledger, queries
 from catalog.chain import TokenChain
+from catalog.condemn import Condemned, condemn
+from catalog.forget import ForgetReport, Selector, forget
 from catalog.gc import GcReport, collect
 from catalog.ids import IdentityDigest, ManifestId
 from catalog.ledger import PairedTiming
@@ -37,6 +40,9 @@ from catalog.publish import LoadedCut, load_cut, publish
 from catalog.queries import Cut
 from catalog.scope import Scope
 from catalog.signing import MANIFEST_DOMAIN, Bundle, ProducerKeys
+from catalog.stats import VaultStats, vault_stats
+from catalog.tx import Checkpoint
+from catalog.verify import Progress, VerifyReport, verify_vault
 from kvpack.config import Settings
 from kvpack.io import IoLoop
 from migrations import migrate
@@ -172,11 +178,58 @@ class Vault:
 
     # -- keeping the vault ------------------------------------------------------------
 
-    def collect(self, *, budget_bytes: int | None, grace: timedelta) -> GcReport:
-        """GC (catalog/gc.py): evict down to `budget_bytes`, then reclaim unreferenced
-        chunks older than `grace`."""
-        coro = collect(objects=self.objects, db=self.db, budget_bytes=budget_bytes, grace=grace)
+    def collect(
+        self,
+        *,
+        budget_bytes: int | None,
+        grace: timedelta,
+        orphans: bool = False,
+        checkpoint: Checkpoint | None = None,
+    ) -> GcReport:
+        """GC (catalog/gc.py): evict each tenant down to its quota and everyone down to
+        `budget_bytes`, reclaim unreferenced chunks older than `grace`, and with `orphans`
+        delete objects no row names."""
+        coro = collect(
+            objects=self.objects, db=self.db, budget_bytes=budget_bytes, grace=grace,
+            orphans=orphans, checkpoint=checkpoint,
+        )  # fmt: skip
         return self.run(coro, None)
+
+    def condemn(
+        self, manifest_id: ManifestId, *, kind: str, reason: str, chunk: ChunkId | None = None
+    ) -> list[Condemned]:
+        """Take a cut that failed verification out of the catalog and its broken bytes out
+        of the store (catalog/condemn.py); a broken chunk takes every cut using it."""
+        coro = condemn(objects=self.objects, db=self.db, manifest_id=manifest_id, kind=kind,
+                       reason=reason, chunk=chunk)  # fmt: skip
+        return self.run(coro)
+
+    def forget(
+        self, selector: Selector, *, dry_run: bool = False, progress: Progress | None = None
+    ) -> ForgetReport:
+        """Make every cut the selector names unreachable now (catalog/forget.py)."""
+        coro = forget(objects=self.objects, db=self.db, selector=selector, dry_run=dry_run,
+                      progress=progress)  # fmt: skip
+        return self.run(coro, None)
+
+    def verify(
+        self,
+        *,
+        read_data: bool = False,
+        sample: float = 1.0,
+        repair: bool = False,
+        progress: Progress | None = None,
+    ) -> VerifyReport:
+        """Check every cut's manifest, signature and chunks (catalog/verify.py)."""
+        coro = verify_vault(
+            objects=self.objects, db=self.db, keyring=self.keyring,
+            public_keys=self.producer_keys.public_keys(), read_data=read_data, sample=sample,
+            repair=repair, progress=progress,
+        )  # fmt: skip
+        return self.run(coro, None)
+
+    def stats(self) -> VaultStats:
+        return self.read(lambda s: vault_stats(session=s))
 
     def rotate_producer_key(self, path: Path) -> Bundle:
         """A new signing key endorsed by the current one, saved to `path` before use."""

@@ -21,6 +21,12 @@ Words (see DESIGN.md):
 - bytes served: billed from the manifest for durable and remote (`kvpack_bytes_served_total`);
   the resident tier has no manifest, so its figure is an estimate under a distinct name
   (`kvpack_resident_bytes_served_estimate_total`) — invariant 7.
+- condemned cut: a durable cut taken out of the vault because it failed verification
+  (`kvpack_condemned_cuts_total{reason}`; catalog/condemn.py names the reasons).
+- first token: seconds from a request reaching the service to its first generated token,
+  by the tier that served its prefix ("none": cold) (`kvpack_first_token_seconds`); the
+  most recent ones are kept for the status page's plot (`recent_first_tokens`). A
+  request that generates no token (its first is a stop token) records none.
 
 Each service instance owns one `CollectorRegistry` (never the global default), so tests
 and two services in one process never collide. With `per_namespace=True` every metric
@@ -32,6 +38,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
@@ -44,6 +51,17 @@ IMPORT_OUTCOMES = ("promoted", "refused")
 Tier = Literal["resident", "durable", "remote"]
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 DEFAULT_NAMESPACE = "default"
+SERVED_BY = ("none", "session", *HIT_TIERS)  # what served a request's prefix
+RECENT_FIRST_TOKENS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class FirstToken:
+    at: float  # Unix time
+    tier: str  # one of SERVED_BY
+    seconds: float
+    prompt_tokens: int
+
 
 T = TypeVar("T")
 
@@ -249,6 +267,23 @@ class Accounting:
         self._prefill_tokens = Counter(
             "kvpack_prefill_tokens", "Tokens prefilled locally.", ns, registry=r
         )
+        self._condemned = Counter(
+            "kvpack_condemned_cuts",
+            "Durable cuts condemned (taken out of the vault) after failing verification, "
+            "by reason.",
+            ("reason", *ns),
+            registry=r,
+        )
+        self._first_token = Histogram(
+            "kvpack_first_token_seconds",
+            "Seconds from a request reaching the service to its first generated token, by "
+            "the tier that served its prefix (none: a cold prefill).",
+            ("tier", *ns),
+            buckets=SECONDS_BUCKETS,
+            registry=r,
+        )
+        self._recent: deque[FirstToken] = deque(maxlen=RECENT_FIRST_TOKENS)
+        self._recent_lock = threading.Lock()
         if not per_namespace:
             # Zero series exist from the start, so a scrape before traffic shows every tier.
             for tier in HIT_TIERS:
@@ -313,6 +348,27 @@ class Accounting:
         _check_count("tokens", tokens)
         self._labelled(self._prefill_seconds, namespace).observe(seconds)
         self._labelled(self._prefill_tokens, namespace).inc(tokens)
+
+    def count_condemned(self, *, reason: str, cuts: int = 1, namespace: str | None = None) -> None:
+        if not isinstance(reason, str) or not reason:
+            raise AccountingInputError("reason", "must be a non-empty string")
+        _check_count("cuts", cuts, positive=True)
+        self._labelled(self._condemned, namespace, reason=reason).inc(cuts)
+
+    def observe_first_token(
+        self, *, seconds: float, tier: str, prompt_tokens: int, namespace: str | None = None
+    ) -> None:
+        if tier not in SERVED_BY:
+            raise AccountingInputError("tier", f"must be one of {SERVED_BY}, not {tier!r}")
+        seconds = _check_seconds("seconds", seconds)
+        self._labelled(self._first_token, namespace, tier=tier).observe(seconds)
+        with self._recent_lock:
+            self._recent.append(FirstToken(time.time(), tier, seconds, prompt_tokens))
+
+    def recent_first_tokens(self) -> list[FirstToken]:
+        """The latest first-token times, oldest first (at most RECENT_FIRST_TOKENS)."""
+        with self._recent_lock:
+            return list(self._recent)
 
     # -- reading ------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import argparse
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from kvpack.config import ConfigError, Settings
 
@@ -79,9 +79,10 @@ def storage_argv(args: argparse.Namespace, **replace: object) -> list[str]:
     return out
 
 
-def settings_from_args(args: argparse.Namespace) -> Settings:
+def settings_from_args(args: argparse.Namespace, **extra: Any) -> Settings:
+    """The settings the storage flags give, with `extra` overrides (None: not given)."""
     overrides = {field_of(f): getattr(args, field_of(f), None) for f, _, _ in STORAGE_FLAGS}
-    return Settings.load(config_file=getattr(args, "config", None), **overrides)
+    return Settings.load(config_file=getattr(args, "config", None), **overrides, **extra)
 
 
 def run_action(

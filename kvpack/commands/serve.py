@@ -13,6 +13,11 @@ and what could not finish is logged with a count.
 Every request but /healthz needs an API key (`kvpack api-keys create`), checked against
 the catalog on each request. --no-auth serves anyone, in the default namespace, and is
 refused unless --host is a loopback address.
+
+The maintainer (kvpack/maintainer.py) keeps the vault while it serves: GC every
+--gc-interval (evicting by tenant quotas and --store-budget, reclaiming chunks after
+--gc-grace, one collector of a fleet at a time), and the gauges behind /metrics and the
+status page at /.
 """
 
 from __future__ import annotations
@@ -45,6 +50,13 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--resident-budget-mib", type=int, help="resident tier byte budget (MiB)")
     p.add_argument("--no-auth", action="store_true",
                    help="no API keys: anyone may call (only with a loopback --host)")  # fmt: skip
+    p.add_argument("--store-budget", metavar="SIZE", help="vault byte budget, e.g. 50GiB")
+    p.add_argument("--gc-interval", metavar="DURATION",
+                   help="how often the maintainer collects (default 5m; 0: never)")  # fmt: skip
+    p.add_argument("--gc-grace", metavar="DURATION",
+                   help="how long an unreferenced chunk is kept (default 1h)")  # fmt: skip
+    p.add_argument("--verify-interval", metavar="DURATION",
+                   help="how often to verify manifests and sizes (default 0: never)")  # fmt: skip
     add_storage_arguments(p)
     p.set_defaults(func=run)
 
@@ -68,7 +80,13 @@ def run(args: argparse.Namespace) -> int:
               f"--host (127.0.0.1, ::1, localhost), not {args.host!r}")  # fmt: skip
         return 2
     try:
-        settings = settings_from_args(args)
+        settings = settings_from_args(
+            args,
+            store_budget=args.store_budget,
+            gc_interval_s=args.gc_interval,
+            gc_grace_s=args.gc_grace,
+            verify_interval_s=args.verify_interval,
+        )
     except (ConfigError, ValueError) as e:
         print(f"kvpack serve: {e}")
         return 2
@@ -115,8 +133,21 @@ async def _serve(
     service: Service, settings: Settings, args: argparse.Namespace, deadline: Deadline
 ) -> None:
     from catalog.db import redacted
+    from kvpack.maintainer import Maintainer
     from kvpack.server.app import READY, make_app, start
     from kvpack.server.auth import any_active_key, catalog_authenticator
+    from kvpack.units import format_duration, format_size
+
+    maintainer = Maintainer(
+        vault=service.vault,
+        quarantine=service.quarantine,
+        accounting=service.accounting,
+        budget_bytes=settings.store_budget,
+        gc_interval_s=settings.gc_interval_s,
+        grace_s=settings.gc_grace_s,
+        quarantine_retention_s=settings.quarantine_retention_s,
+        verify_interval_s=settings.verify_interval_s,
+    )
 
     app = make_app(
         service,
@@ -130,6 +161,7 @@ async def _serve(
     runner, url = await start(
         app, host=args.host, port=args.port, shutdown_timeout_s=settings.drain_timeout_s
     )
+    maintainer.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -143,6 +175,14 @@ async def _serve(
     keys = service.vault.producer_keys
     peers = ", ".join(p.name for p in (service.remote.peers if service.remote else ())) or "none"
     print(f"kvpack serve: producer {keys.producer} (key {keys.current_id}), peers: {peers}")
+    gc = (
+        f"every {format_duration(settings.gc_interval_s)}, grace "
+        f"{format_duration(settings.gc_grace_s)}"
+        if settings.gc_interval_s
+        else "off"
+    )
+    print(f"kvpack serve: budget {format_size(settings.store_budget)}, gc {gc}, "
+          f"status page {url}/")  # fmt: skip
     if args.no_auth:
         print(f"kvpack serve: no API keys (--no-auth): whoever reaches {args.host} may call, "
               f"in namespace {settings.namespace}")  # fmt: skip
@@ -159,4 +199,6 @@ async def _serve(
         deadline.start()
         print(f"kvpack serve: stopping: no new requests; draining for up to "
               f"{settings.drain_timeout_s:g}s", flush=True)  # fmt: skip
+        maintainer.stop(timeout=0)  # no new pass starts; one in progress may finish
         await runner.cleanup()
+        await asyncio.to_thread(maintainer.stop, deadline.left())

@@ -8,9 +8,10 @@
   goes away or the server shuts down.
 
 Routes: POST /v1/chat/completions and /v1/completions (SSE when `stream`), GET /v1/models,
-/healthz, /metrics (Prometheus), /v1/economics. Each completion says which tier served it:
-the `kvpack` object in the body (for a stream: in the chunk with the finish reason) and,
-when not streaming, X-Kvpack-Tier / X-Kvpack-Restore-Seconds headers.
+/healthz, /metrics (Prometheus), /v1/economics, and the status page at /
+(kvpack/server/status.py). Each completion says which tier served it: the `kvpack` object
+in the body (for a stream: in the chunk with the finish reason) and, when not streaming,
+X-Kvpack-Tier / X-Kvpack-Restore-Seconds headers.
 
 Who may call what, and in which tenant namespace a completion runs, is kvpack/auth.py's:
 every request but /healthz carries an API key unless the app is built without an
@@ -31,7 +32,7 @@ from aiohttp import web
 
 from engine.errors import InvalidRequest
 from engine.sampling import Sampling
-from kvpack.server import admin, auth, peers
+from kvpack.server import admin, auth, peers, status
 from kvpack.server.openai import (
     ApiError,
     ApiRequest,
@@ -340,6 +341,7 @@ def make_app(
     app.router.add_get("/metrics", metrics)
     peers.add_routes(app, service.exporter)
     admin.add_routes(app, service, producer_key_path)
+    status.add_routes(app, service)
 
     async def drain_jobs(_app: web.Application) -> None:
         left = await front.drain(drain_timeout_s)

@@ -4,9 +4,10 @@ Words (keys, roles, principals: catalog/access.py):
 - authenticator: a blocking callable token -> Principal | None. `catalog_authenticator`
   asks the catalog on every request (off the event loop), so a revocation holds from the
   next request on; an unreachable catalog refuses (503), it never lets a caller through.
-- route class: which roles a path admits. /healthz is open; /v1/admin/..., /metrics and
-  /v1/economics are admin only (they show every tenant); /v1/peer/... is for peer and
-  admin keys; everything else (completions, models) for any valid key.
+- route class: which roles a path admits. /healthz is open; /v1/admin/..., /metrics,
+  /v1/economics and the status page / are admin only (they show every tenant);
+  /v1/peer/... is for peer and admin keys; everything else (completions, models) for any
+  valid key. A browser may send the key of the status page as a Basic auth password.
 - completion namespace: where a principal's completions live: a key's own namespace, or
   the front's default namespace for a "*" (peer or admin) key.
 - anonymous: no authenticator at all (in-process tests, `kvpack serve --no-auth` on a
@@ -21,6 +22,7 @@ the route refuses.
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import Awaitable, Callable
 
 from aiohttp import hdrs, web
@@ -39,7 +41,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PRINCIPAL = web.RequestKey("principal", Principal)
 ANONYMOUS = Principal(key_id="anonymous", role="admin", namespace=ALL_NAMESPACES)
 OPEN_PATHS = frozenset({"/healthz"})
-ADMIN_PATHS = frozenset({"/metrics", "/v1/economics"})
+ADMIN_PATHS = frozenset({"/metrics", "/v1/economics", "/"})
+BROWSER_PATHS = frozenset({"/"})  # a browser asks for Basic credentials: the key as password
 
 
 def allowed_roles(path: str) -> tuple[str, ...]:
@@ -62,6 +65,19 @@ def bearer_token(header: str | None) -> str | None:
     scheme, _, token = (header or "").partition(" ")
     token = token.strip()
     return token if scheme.lower() == "bearer" and token else None
+
+
+def basic_password(header: str | None) -> str | None:
+    """The password of an `Authorization: Basic ...` header (a browser's way to send the
+    key: any user name, the key as the password)."""
+    scheme, _, encoded = (header or "").partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        _, _, password = base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return password or None
 
 
 def completion_namespace(principal: Principal, default: str) -> str:
@@ -88,8 +104,9 @@ def any_active_key(db: Engine) -> bool:
         return access.any_active_key(session=session)
 
 
-def unauthorized(message: str) -> ApiError:
-    return ApiError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+def unauthorized(message: str, *, browser: bool = False) -> ApiError:
+    challenge = 'Basic realm="kvpack", charset="UTF-8"' if browser else "Bearer"
+    return ApiError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": challenge})
 
 
 def middleware(authenticate: Authenticator | None) -> Middleware:
@@ -103,12 +120,14 @@ def middleware(authenticate: Authenticator | None) -> Middleware:
         roles = allowed_roles(request.path)
         if not roles:
             return await handler(request)
-        token = bearer_token(request.headers.get(hdrs.AUTHORIZATION))
+        header = request.headers.get(hdrs.AUTHORIZATION)
+        browser = request.path in BROWSER_PATHS
+        token = bearer_token(header) or (basic_password(header) if browser else None)
         if token is None:
-            raise unauthorized("no API key: send Authorization: Bearer <key>")
+            raise unauthorized("no API key: send Authorization: Bearer <key>", browser=browser)
         principal = await asyncio.to_thread(authenticate, token)
         if principal is None:  # unknown, wrong secret or revoked: the caller is not told which
-            raise unauthorized("the API key is not valid")
+            raise unauthorized("the API key is not valid", browser=browser)
         if principal.role not in roles:
             needs = " or ".join(roles)
             message = f"{request.path} is for {needs} keys; this is a {principal.role} key"

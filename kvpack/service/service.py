@@ -104,7 +104,7 @@ class Service:
         self.accounting = Accounting(per_namespace=True)  # counters per tenant
         self.background = Background(capacity=background_capacity)
         self.clock = PrefillClock()
-        self.durable = DurableTier(vault, self.background)
+        self.durable = DurableTier(vault, self.background, accounting=self.accounting)
         self.publication = Publication(
             resident=self.resident,
             vault=vault,
@@ -222,6 +222,7 @@ class Service:
         if not tokens:
             raise InvalidRequest("tokens", "the prompt is empty")
         chain = tenant.scope.chain(tokens)
+        started = time.perf_counter()
         installed = self.ladder.serve(tenant, tokens)
         slot = installed.slot
         prefill_seconds = self._prefill(tenant, slot, tokens, chain, cancel)
@@ -236,7 +237,15 @@ class Service:
         if slot.depth < len(tokens):  # cancelled mid-prefill
             return Completion(tokens=[], text="", finish_reason="cancelled", **base)
 
+        first = [True]
+
         def on_token(token: int) -> None:
+            if first[0]:  # time to first token, for the dashboards and the status page
+                first[0] = False
+                self.accounting.observe_first_token(
+                    seconds=time.perf_counter() - started, tier=installed.tier,
+                    prompt_tokens=len(tokens), namespace=tenant.namespace,
+                )  # fmt: skip
             delta = text.push(token)
             if delta and on_text is not None:
                 on_text(delta)

@@ -22,10 +22,14 @@ from engine.identity import Identity
 from engine.slots import Slot, SlotPool
 
 
-def scope_of(identity: Identity) -> Scope:
-    """The catalog's view of an engine identity (namespace and alignment read from it)."""
+def scope_of(identity: Identity, *, model: str | None = None) -> Scope:
+    """The catalog's view of an engine identity (namespace and alignment read from it),
+    with the name its model was loaded as."""
     digest = IdentityDigest(identity.digest)
-    return Scope(digest, identity.namespace, identity.alignment, components=identity.components)
+    return Scope(
+        digest, identity.namespace, identity.alignment, components=identity.components,
+        model=model,
+    )  # fmt: skip
 
 
 @dataclass
@@ -35,7 +39,7 @@ class Tenant:
     _clock: itertools.count = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
-        self.scope = scope_of(self.pool.identity)
+        self.scope = scope_of(self.pool.identity, model=self.pool.loaded.name)
 
     @property
     def identity(self) -> Identity:

@@ -125,6 +125,11 @@ SAMPLES = {  # a raw value for each setting, and what it loads as
     "s3_endpoint": ("http://minio:9000", "http://minio:9000"),
     "s3_region": ("eu-west-1", "eu-west-1"),
     "drain_timeout_s": ("12", 12.0),
+    "store_budget": ("50GiB", 50 * 1024**3),
+    "gc_interval_s": ("15m", 900.0),
+    "gc_grace_s": ("1h30m", 5400.0),
+    "quarantine_retention_s": ("7d", 7 * 86400.0),
+    "verify_interval_s": ("30s", 30.0),
 }
 
 

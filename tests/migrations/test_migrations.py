@@ -26,6 +26,10 @@ TABLES = {
     "trusted_keys",
     "accepted_generations",
     "api_keys",
+    "quotas",
+    "leases",
+    "condemnations",
+    "maintenance_runs",
 }
 
 
@@ -123,5 +127,36 @@ def test_constraint_names_follow_the_naming_convention(db_url):
             "fk_manifest_chunks_chunk_chunks",
             "fk_manifest_chunks_manifest_manifests",
         }
+    finally:
+        engine.dispose()
+
+
+def test_0003_backfills_each_identitys_namespace_from_its_components(empty_db_url):
+    """Identities recorded before 0003 get their namespace from their components; their
+    model name was never recorded (NULL); downgrading keeps the rows."""
+    cfg = config(empty_db_url)
+    command.upgrade(cfg, "0002")
+    engine = make_engine(empty_db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO identities (digest, components, created_at) VALUES "
+                    "(:d, :c, CURRENT_TIMESTAMP)"
+                ),
+                [
+                    {"d": "a" * 64, "c": '{"namespace": "acme", "alignment": 256}'},
+                    {"d": "b" * 64, "c": None},
+                ],
+            )
+        command.upgrade(cfg, "head")
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text("SELECT digest, namespace, model FROM identities ORDER BY digest")
+            ).all()
+        assert [tuple(r) for r in rows] == [("a" * 64, "acme", None), ("b" * 64, None, None)]
+        command.downgrade(cfg, "0002")
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT COUNT(*) FROM identities")).scalar() == 2
     finally:
         engine.dispose()

@@ -83,6 +83,10 @@ def test_counter_alibi_resident_and_session_continuation(settings, open_service)
             "kvpack_restore_seconds_sum:resident": moved(before, counters(svc))[
                 "kvpack_restore_seconds_sum:resident"
             ],
+            "kvpack_first_token_seconds_count:resident": N,  # one first token per request
+            "kvpack_first_token_seconds_sum:resident": moved(before, counters(svc))[
+                "kvpack_first_token_seconds_sum:resident"
+            ],
         }
     )
     last = ask(svc, P)

@@ -12,9 +12,9 @@
   client-side deadline on every wait for the server (the statement timeout plus
   DEADLINE_GRACE_S), because a server or network that stops answering never cancels
   anything itself; a connection whose deadline passed is closed, so the pool drops it.
-  Past any of them the call raises an OperationalError: callers decide whether that is
-  an outage (recompute) or a refusal (auth fails closed). None: no timeouts (migrations,
-  which may legitimately run long statements).
+  Past any of them the call raises an OperationalError (one of UNREACHABLE): callers
+  decide whether that is an outage (recompute) or a refusal (auth fails closed).
+  None: no timeouts (migrations, which may legitimately run long statements).
 
 Used by kvpack (the service, the CLI) and by migrations/env.py alike, so Alembic runs on
 the same engine settings without importing anything above catalog/.
@@ -28,12 +28,21 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, make_url
 
 DEFAULT_TIMEOUT_S = 10.0
 SQLITE_BUSY_TIMEOUT_MS = 30_000  # without a timeout (timeout_s=None)
 DEADLINE_GRACE_S = 1.0  # the server's own statement timeout normally answers first
 MIN_CONNECT_TIMEOUT_S = 2  # libpq and psycopg treat anything lower as 2 seconds
+# The errors that mean the catalog did not answer (unreachable, timed out, busy), as
+# opposed to a verdict on the statement (an integrity or programming error).
+UNREACHABLE: tuple[type[Exception], ...] = (
+    sa_exc.OperationalError,
+    sa_exc.InterfaceError,
+    sa_exc.TimeoutError,  # no pooled connection came free in time
+    sa_exc.DisconnectionError,
+)
 
 
 def normalize_database_url(url: str) -> str:

@@ -172,13 +172,13 @@ def test_healthz_metrics_and_economics(service, url, client):
         (b"{not json", 400, None, "not valid JSON"),
         (b"[1, 2]", 400, None, "JSON object"),
         ({"model": "tiny"}, 400, "messages", "messages is required"),
-        ({"messages": "hi"}, 422, "messages", "messages must be an array"),
-        ({"messages": [{"role": "wizard", "content": "x"}]}, 422, "messages[0].role", "one of"),
-        ({"messages": [{"role": "user", "content": 5}]}, 422, "messages[0].content", "string"),
-        ({"messages": MESSAGES, "max_tokens": 0}, 422, "max_tokens", "between 1 and"),
-        ({"messages": MESSAGES, "max_tokens": "8"}, 422, "max_tokens", "an integer"),
-        ({"messages": MESSAGES, "temperature": 9}, 422, "temperature", "in [0.0, 2.0]"),
-        ({"messages": MESSAGES, "n": 2}, 422, "n", "one choice"),
+        ({"messages": "hi"}, 400, "messages", "messages must be an array"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role", "one of"),
+        ({"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content", "string"),
+        ({"messages": MESSAGES, "max_tokens": 0}, 400, "max_tokens", "in [1, 4096]"),
+        ({"messages": MESSAGES, "max_tokens": "8"}, 400, "max_tokens", "an integer"),
+        ({"messages": MESSAGES, "temperature": 9}, 400, "temperature", "in [0.0, 2.0]"),
+        ({"messages": MESSAGES, "n": 2}, 400, "n", "one choice"),
         ({"messages": MESSAGES, "model": "gpt-4"}, 404, "model", "does not exist"),
         ({"messages": [{"role": "user", "content": "x" * 9000}]}, 413, "messages", "context"),
         (
@@ -198,11 +198,13 @@ def test_bad_chat_requests_get_a_4xx_naming_what_was_wrong(url, body, status, pa
 
 
 def test_bad_completion_requests(url, client):
-    """Completions: a missing prompt (400), token ids outside the vocabulary (422, raised by
-    the engine on the worker), an unknown route (404 in the same error shape); the openai
-    client maps them to its typed errors."""
+    """Completions: a missing prompt (400), token ids outside the vocabulary (400 naming
+    the prompt, checked before the engine sees them), an unknown route (404 in the same
+    error shape); the openai client maps them to its typed errors."""
     assert post(url, "/v1/completions", {"model": "tiny"})[0] == 400
-    with pytest.raises(openai.UnprocessableEntityError, match="outside"):
+    status, reply = post(url, "/v1/completions", {"prompt": [1, 2, 99999], "max_tokens": 2})
+    assert (status, reply["error"]["param"]) == (400, "prompt")
+    with pytest.raises(openai.BadRequestError, match="token ids in"):
         client.completions.create(model="tiny", prompt=[1, 2, 99999], max_tokens=2)
     with pytest.raises(openai.BadRequestError, match="prompt is required"):
         client.completions.create(model="tiny", prompt=None, max_tokens=2)

@@ -9,9 +9,11 @@
   PostgreSQL gets a pool that pre-pings connections.
 - timeout (`timeout_s`): how long any one catalog call may wait. SQLite: the busy
   timeout. PostgreSQL: `connect_timeout`, a server-side `statement_timeout`, and a
-  client-side deadline on every wait for the server (the statement timeout plus
-  DEADLINE_GRACE_S), because a server or network that stops answering never cancels
-  anything itself; a connection whose deadline passed is closed, so the pool drops it.
+  client-side deadline on every wait for the server (the statement timeout and a little
+  grace), because a server or network that stops answering never cancels anything
+  itself; a connection whose deadline passed is closed, so the pool drops it, and for
+  one timeout after that new connections fail at once instead of waiting out the
+  connect timeout too (the pool's pre-ping would otherwise reconnect, doubling the wait).
   Past any of them the call raises an OperationalError (one of UNREACHABLE): callers
   decide whether that is an outage (recompute) or a refusal (auth fails closed).
   None: no timeouts (migrations, which may legitimately run long statements).
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +36,7 @@ from sqlalchemy.engine import URL, make_url
 
 DEFAULT_TIMEOUT_S = 10.0
 SQLITE_BUSY_TIMEOUT_MS = 30_000  # without a timeout (timeout_s=None)
-DEADLINE_GRACE_S = 1.0  # the server's own statement timeout normally answers first
+DEADLINE_GRACE_S = 1.0  # at most: the server's own statement timeout answers first
 MIN_CONNECT_TIMEOUT_S = 2  # libpq and psycopg treat anything lower as 2 seconds
 # The errors that mean the catalog did not answer (unreachable, timed out, busy), as
 # opposed to a verdict on the statement (an integrity or programming error).
@@ -113,16 +116,24 @@ def _postgres_engine(parsed: URL, timeout_s: float | None, **kwargs: Any) -> Eng
         return create_engine(parsed, **kwargs)
     kwargs.setdefault("pool_timeout", timeout_s)
     engine = create_engine(parsed, **kwargs)
-    deadline_s = timeout_s + DEADLINE_GRACE_S
+    deadline_s = timeout_s + min(DEADLINE_GRACE_S, timeout_s / 4)
     statement_ms = math.ceil(timeout_s * 1000)
+    expired_at = [-math.inf]  # when a deadline last passed on one of this engine's connections
+
+    def expired() -> None:
+        expired_at[0] = time.monotonic()
 
     @event.listens_for(engine, "do_connect")
     def _connect(_dialect: Any, _record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
+        import psycopg
+
         from catalog.deadline import DeadlineConnection
 
+        if time.monotonic() - expired_at[0] < timeout_s:
+            raise psycopg.OperationalError("the catalog just timed out; not reconnecting yet")
         cparams.setdefault("connect_timeout", max(MIN_CONNECT_TIMEOUT_S, math.ceil(timeout_s)))
         options = f"{cparams.get('options', '')} -c statement_timeout={statement_ms}"
         cparams["options"] = options.strip()
-        return DeadlineConnection.open(deadline_s, *cargs, **cparams)
+        return DeadlineConnection.open(deadline_s, expired, *cargs, **cparams)
 
     return engine

@@ -92,14 +92,14 @@ class Proxy:
             w.transport.abort()
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while data := await reader.read(65536):
-            while self.mode == "stall":  # hold the bytes: the peer sees silence
-                await asyncio.sleep(0.01)
-            if self.mode == "drop":
-                return
-            writer.write(data)
-            await writer.drain()
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # either side went away (or was cut): done
+            while data := await reader.read(65536):
+                while self.mode == "stall":  # hold the bytes: the peer sees silence
+                    await asyncio.sleep(0.01)
+                if self.mode == "drop":
+                    return
+                writer.write(data)
+                await writer.drain()
             writer.write_eof()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from sqlalchemy import text
@@ -109,9 +110,9 @@ def test_postgres_statement_timeout_cancels_a_long_statement(pg_url):
 @pytest.mark.postgres
 def test_postgres_that_stops_answering_fails_the_call_and_recovers_after(pg_url):
     """Fault injection: PostgreSQL behind a TCP proxy that stops forwarding. A query on a
-    pooled connection fails at the client deadline, a new connection at connect_timeout
-    (neither waits forever); once healed, the same engine answers again (the broken
-    connection was dropped from the pool)."""
+    pooled connection fails at the client deadline; a reconnect right after it fails at
+    once (no second wait), one a timeout later at connect_timeout; none waits forever.
+    Once healed, the same engine answers again (the broken connection left the pool)."""
     url = make_url(pg_url)
     with proxy(url.host or "127.0.0.1", url.port or 5432) as p:
         engine = make_engine(url.set(host="127.0.0.1", port=p.port).render_as_string(False),
@@ -123,8 +124,13 @@ def test_postgres_that_stops_answering_fails_the_call_and_recovers_after(pg_url)
                 _, error = in_thread(lambda: conn.execute(text("SELECT 2")).scalar())
             assert isinstance(error, OperationalError)
             _, error = in_thread(lambda: _select(engine))
-            assert isinstance(error, OperationalError)
+            assert isinstance(error, OperationalError) and "not reconnecting" in str(error)
+            time.sleep(1.1)
+            connections = p.connections
+            _, error = in_thread(lambda: _select(engine))
+            assert isinstance(error, OperationalError) and p.connections == connections + 1
             p.heal()
+            time.sleep(1.1)
             assert in_thread(lambda: _select(engine)) == (1, None)
         finally:
             engine.dispose()

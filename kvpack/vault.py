@@ -10,7 +10,7 @@
 - opening migrates the catalog to head (Alembic), for the embedded SQLite default and
   for an external database alike; the service never calls create_all.
 - catalog breaker: reads and transactions go through a circuit breaker (cas/breaker.py):
-  after calls the catalog did not answer (catalog/db.py's timeouts) it is skipped for a
+  after a call the catalog did not answer (catalog/db.py's timeouts) it is skipped for a
   backoff window (CatalogUnavailable, at once) until a probe is answered, so a catalog
   outage costs a request a recompute, not a timeout each time.
 - readiness: check_catalog and check_store ask each dependency one cheap question.
@@ -84,6 +84,7 @@ class Vault:
         self.sealed = SealedObjects(objects, keyring)
         self.catalog_breaker = Breaker(
             "catalog",
+            threshold=1,  # one call past the catalog timeout is an outage already
             backoff_s=outage_backoff_s,
             max_backoff_s=max(outage_backoff_s, DEFAULT_MAX_BACKOFF_S),
         )

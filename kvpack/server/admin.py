@@ -69,7 +69,8 @@ async def quarantine_show(request: web.Request) -> web.Response:
     import_id = _import_id(request)
     record = await asyncio.to_thread(request.app[ADMIN].quarantine.show, import_id)
     if record is None:
-        raise ApiError(404, f"no quarantined import {import_id!r}", code="not_found")
+        raise ApiError(404, f"no quarantined import {import_id!r}", param="import_id",
+                       code="not_found")  # fmt: skip
     return web.json_response(record.to_json())
 
 
@@ -77,7 +78,8 @@ async def quarantine_drop(request: web.Request) -> web.Response:
     import_id = _import_id(request)
     dropped = await asyncio.to_thread(request.app[ADMIN].quarantine.drop, import_id)
     if not dropped:
-        raise ApiError(404, f"no quarantined import {import_id!r}", code="not_found")
+        raise ApiError(404, f"no quarantined import {import_id!r}", param="import_id",
+                       code="not_found")  # fmt: skip
     return web.json_response({"dropped": import_id})
 
 

@@ -28,8 +28,9 @@ def parse_json(raw: bytes) -> dict[str, Any]:
     """One JSON object, at most MAX_DEPTH deep; ApiError 400 for anything else."""
     try:
         body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ApiError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
+    except ValueError as e:  # not JSON, not UTF-8, or an integer of over 4,300 digits
+        message = f"request body is not valid JSON: {str(e)[:200]}"
+        raise ApiError(400, message, code="invalid_json") from None
     except RecursionError:
         raise too_deep(None) from None
     if not isinstance(body, dict):
@@ -92,8 +93,9 @@ def integer(value: Any, param: str, *, lo: int, hi: int) -> int:
 def number(value: Any, param: str, *, lo: float, hi: float, lo_open: bool = False) -> float:
     if not isinstance(value, int | float) or isinstance(value, bool):
         raise bad_type(param, "a number", value)
-    if not math.isfinite(value):
+    if isinstance(value, float) and not math.isfinite(value):
         raise out_of_range(param, "a finite number", value)
+    # Compared before any conversion: an int of a thousand digits has no float.
     if not (lo < value if lo_open else lo <= value) or value > hi:
         raise out_of_range(param, f"in {'(' if lo_open else '['}{lo}, {hi}]", value)
     return float(value)

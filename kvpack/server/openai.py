@@ -307,7 +307,9 @@ def _messages(body: Mapping[str, Any], limits: Limits) -> list[dict[str, str]]:
     if not messages:
         raise ApiError(400, "messages must not be empty", param="messages")
     if len(messages) > limits.context_length:  # every message costs at least one token
-        raise _too_long("messages", len(messages), limits)
+        raise ApiError(413, f"{len(messages)} messages cannot fit this model's context of "
+                       f"{limits.context_length} tokens", param="messages",
+                       code="context_length_exceeded")  # fmt: skip
     out, chars = [], 0
     for i, message in enumerate(messages):
         where = f"messages[{i}]"

@@ -67,7 +67,8 @@ async def planes(request: web.Request) -> web.Response:
         request.app[EXPORTER].planes, manifest_id=manifest_id, scope=scope
     )
     if data is None:
-        raise ApiError(404, f"no exportable cut {manifest_id.hex}", code="no_cut")
+        raise ApiError(404, f"no exportable cut {manifest_id.hex}", param="manifest",
+                       code="no_cut")  # fmt: skip
     return web.Response(body=data, content_type="application/octet-stream")
 
 

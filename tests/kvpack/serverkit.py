@@ -57,7 +57,9 @@ def running(
         yield url
 
 
-def call(url: str, method: str, path: str, *, token=None, body=None, authorization=None):
+def call(
+    url: str, method: str, path: str, *, token=None, body=None, authorization=None, timeout=60
+):
     """(status, headers, parsed JSON body or raw bytes)."""
     parts = urlsplit(url)
     headers = {"Content-Type": "application/json"}
@@ -65,7 +67,7 @@ def call(url: str, method: str, path: str, *, token=None, body=None, authorizati
         headers["Authorization"] = f"Bearer {token}"
     if authorization is not None:
         headers["Authorization"] = authorization
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
     conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
     resp = conn.getresponse()
     raw = resp.read()

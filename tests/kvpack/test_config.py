@@ -189,3 +189,29 @@ def test_the_example_toml_loads_and_names_every_setting(tmp_path):
     uncommented.write_text("\n".join(x for x in lines if not x.startswith("s3_secret_key_file")))
     s = Settings.load(config_file=uncommented, env={})
     assert s.store_url.is_s3 and s.s3_config().bucket
+
+
+def test_the_data_dir_is_created_0700_and_a_looser_one_is_tightened(tmp_path):
+    fresh = Settings.load(data_dir=tmp_path / "new" / "vault", env={})
+    assert fresh.ensure_data_dir().stat().st_mode & 0o777 == 0o700
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o755)
+    loose.chmod(0o755)
+    Settings.load(data_dir=loose, env={}).ensure_data_dir()
+    assert loose.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_secret_on_the_command_line_draws_a_warning_a_file_does_not(tmp_path, capsys):
+    import argparse
+
+    from kvpack.commands.common import add_storage_arguments, settings_from_args
+
+    parser = argparse.ArgumentParser()
+    add_storage_arguments(parser)
+    secret = tmp_path / "secret"
+    secret.write_text("s\n")
+    base = ["--data-dir", str(tmp_path / "v"), "--s3-access-key", "a"]
+    settings_from_args(parser.parse_args([*base, "--s3-secret-key-file", str(secret)]))
+    assert capsys.readouterr().err == ""
+    got = settings_from_args(parser.parse_args([*base, "--s3-secret-key", "s"]))
+    assert got.s3_secret_key == "s" and "visible to every user" in capsys.readouterr().err

@@ -25,14 +25,16 @@ from aiohttp import web
 
 from catalog.trust import STATES
 from kvpack.remote.quarantine import DEFAULT_RETENTION, BadImportId, check_import_id
+from kvpack.server.bodies import json_body
 from kvpack.server.errors import ApiError
-from kvpack.server.fields import integer, known, number, parse_json
+from kvpack.server.fields import integer, known, number
 from kvpack.service.service import Service
 
 DEFAULT_GRACE = timedelta(hours=1)
 MAX_SECONDS = 100 * 365 * 86400  # a century: any longer is a mistake, and overflows
 MAX_BUDGET_BYTES = 2**63 - 1
 GC_FIELDS = frozenset({"budget_bytes", "grace_s", "quarantine_retention_s"})
+MAX_GC_BODY_BYTES = 4096
 ADMIN = web.AppKey("admin", Service)
 KEY_PATH = web.AppKey("producer_key_path", Path)
 
@@ -84,8 +86,7 @@ async def quarantine_drop(request: web.Request) -> web.Response:
 
 
 async def gc(request: web.Request) -> web.Response:
-    raw = await request.read()
-    doc = parse_json(raw) if raw.strip() else {}
+    doc = await json_body(request, limit=MAX_GC_BODY_BYTES, empty={})
     known(doc, GC_FIELDS)
     budget = doc.get("budget_bytes")
     if budget is not None:

@@ -41,6 +41,7 @@ from engine.errors import InvalidRequest
 from engine.sampling import Drawn
 from engine.tokenizer import Tokenizer
 from kvpack.server import admin, auth, peers
+from kvpack.server.bodies import read_body
 from kvpack.server.errors import ApiError
 from kvpack.server.fields import parse_json
 from kvpack.server.openai import ApiRequest, Envelope, Kind, Limits, headers, parse_request, sse
@@ -195,22 +196,6 @@ class Front:
 
 
 FRONT = web.AppKey("front", Front)
-
-
-async def read_body(request: web.Request, *, limit: int) -> bytes:
-    """The body, refused (413) past `limit` bytes: by its Content-Length before a byte is
-    read, or as soon as a chunked body passes it."""
-    too_large = ApiError(413, f"the request body is larger than {limit} bytes",
-                         code="body_too_large")  # fmt: skip
-    if request.content_length is not None and request.content_length > limit:
-        raise too_large
-    chunks, size = [], 0
-    while chunk := await request.content.read(65536):
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def worker_error(e: BaseException) -> ApiError:

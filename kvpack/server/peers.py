@@ -21,11 +21,13 @@ from catalog.chain import TokenChain
 from catalog.ids import ChainDigest, IdentityDigest, ManifestId
 from kvpack.remote.exporter import Exporter
 from kvpack.server.auth import PRINCIPAL
+from kvpack.server.bodies import json_body
 from kvpack.server.errors import ApiError
-from kvpack.server.fields import hex_id, integer, known, parse_json
+from kvpack.server.fields import hex_id, integer, known
 
 MAX_LINKS = 8192  # find_deepest binds 3 parameters per link
 MAX_ALIGNMENT = 1 << 20
+MAX_FIND_BODY_BYTES = MAX_LINKS * 100 + 4096  # a link is [depth, 64 hex] in ~80 bytes
 FIND_FIELDS = frozenset({"identity", "alignment", "depth", "links", "min_depth"})
 EXPORTER = web.AppKey("exporter", Exporter)
 
@@ -49,7 +51,7 @@ async def keys(request: web.Request) -> web.Response:
 
 async def find(request: web.Request) -> web.Response:
     scope = _scope(request)
-    identity, chain, min_depth = parse_find(parse_json(await request.read()))
+    identity, chain, min_depth = parse_find(await json_body(request, limit=MAX_FIND_BODY_BYTES))
     exporter = request.app[EXPORTER]
     answer = await asyncio.to_thread(
         exporter.find, identity=identity, chain=chain, min_depth=min_depth, scope=scope

@@ -7,6 +7,11 @@
 - one door: every data-path call goes through S3Store._call, which owns
   retries (a tuple of retryable errors, capped exponential backoff with
   jitter) and logs without bodies.
+- outage memory: the door's circuit breaker (cas/breaker.py) counts attempts
+  the store could not answer; once it opens, every call (and every remaining
+  retry of a call in flight) fails at once with StoreUnavailable until a probe
+  after the backoff window gets an answer. An outage then costs a caller
+  nothing, not a retry schedule per call.
 - one table: `translate` reads every S3 error response (the door's and
   ensure_bucket's alike) with `raise ... from e`: NoSuchKey/404 ->
   ObjectMissing, 412 on put-if-absent -> "existed", refusals (403,
@@ -40,6 +45,7 @@ from aiobotocore.session import get_session
 from botocore import exceptions as bx
 from botocore.config import Config
 
+from cas.breaker import DEFAULT_BACKOFF_S, DEFAULT_MAX_BACKOFF_S, DEFAULT_THRESHOLD, Breaker
 from cas.errors import ObjectMissing, ObjectTooLarge, StoreRejected, StoreUnavailable
 from cas.store import ObjectInfo
 
@@ -90,6 +96,9 @@ class S3Config:
     max_backoff_s: float = 2.0
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 60.0
+    breaker_threshold: int = DEFAULT_THRESHOLD  # failed attempts in a row that open it
+    breaker_backoff_s: float = DEFAULT_BACKOFF_S  # the first window; doubles per failed probe
+    breaker_max_backoff_s: float = DEFAULT_MAX_BACKOFF_S
 
     def __post_init__(self) -> None:
         if not self.bucket or "/" in self.bucket:
@@ -215,6 +224,12 @@ class S3Store:
         self._prefix = config.key_prefix
         self._wrap = wrap_client
         self._conn: _Connection | None = None
+        self.breaker = Breaker(
+            f"s3://{config.bucket}/{self._prefix}",
+            threshold=config.breaker_threshold,
+            backoff_s=config.breaker_backoff_s,
+            max_backoff_s=max(config.breaker_backoff_s, config.breaker_max_backoff_s),
+        )
         self._lock: asyncio.Lock | None = None
         self._lock_loop: asyncio.AbstractEventLoop | None = None
 
@@ -273,17 +288,29 @@ class S3Store:
         cfg = self.config
         last: BaseException | None = None
         for attempt in range(1, cfg.max_attempts + 1):
+            if not self.breaker.allow():
+                state = self.breaker.state()
+                cause = (
+                    f"circuit open after {state.failures} failed attempts; next probe in "
+                    f"{state.retry_in_s:.1f}s"
+                )
+                raise StoreUnavailable(op, key, cause) from last
             conn = await self._connection()
             try:
                 async with conn.slots:
-                    return await request(conn.client)
+                    result = await request(conn.client)
             except bx.ClientError as e:
                 verdict = translate(op, key, e)
                 if verdict is not None:
+                    self.breaker.success()  # the store answered
                     raise verdict from e
                 last = e
             except RETRYABLE_ERRORS as e:
                 last = e
+            else:
+                self.breaker.success()
+                return result
+            self.breaker.failure()
             if attempt < cfg.max_attempts:
                 delay = min(cfg.max_backoff_s, cfg.backoff_s * 2 ** (attempt - 1))
                 delay *= random.uniform(0.5, 1.0)

@@ -12,6 +12,9 @@ Words:
   another vault), admin (GC, key rotation, quarantine release, every tenant's counters).
 - namespace: the tenant namespace the key completes in: the identity's salt, so two
   tenants never share state. "*" (peer and admin keys only) means every namespace.
+  Admin keys are global: they act on every tenant (counters, GC, quarantine), so an
+  admin key names "*" and no other namespace; a row that says otherwise (written by
+  hand, or by a version that allowed it) does not authenticate.
 - principal: who a valid, unrevoked token says the caller is (key id, role, namespace).
 """
 
@@ -35,6 +38,8 @@ TOKEN_PREFIX = "kvp_"
 MAX_NAMESPACE = 255  # api_keys.namespace's width
 MAX_LABEL = 255
 _TOKEN = re.compile(r"kvp_([0-9a-f]{16})_([A-Za-z0-9_-]{1,128})")
+# Compared against when the key id is unknown, so both paths hash and compare alike.
+_DUMMY_HASH = hashlib.sha256(b"kvpack: no such key").hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +86,11 @@ def check_key(*, role: str, namespace: str, label: str | None = None) -> None:
             f"namespace {ALL_NAMESPACES!r} (every namespace) is for peer and admin keys; "
             "a tenant key names its one namespace"
         )
+    if role == "admin" and namespace != ALL_NAMESPACES:
+        raise ValueError(
+            f"namespace of an admin key must be {ALL_NAMESPACES!r}, not {namespace!r}: admin "
+            "keys are global (a tenant key scopes a caller to one namespace)"
+        )
     if label is not None and len(label) > MAX_LABEL:
         raise ValueError(f"label must be at most {MAX_LABEL} characters")
 
@@ -117,13 +127,13 @@ def authenticate(*, session: Session, token: str) -> Principal | None:
         return None
     key_id, secret = parsed
     row = session.get(ApiKeyRow, key_id, populate_existing=True)
-    if row is None:
+    # Constant-time, and the same work for an unknown id: the duration says nothing about
+    # whether the id exists or how much of the secret matched.
+    matched = hmac.compare_digest(row.secret_hash if row else _DUMMY_HASH, _secret_hash(secret))
+    if row is None or not matched or row.revoked_at is not None:
         return None
-    # Constant-time: the comparison's duration says nothing about how much matched.
-    if not hmac.compare_digest(row.secret_hash, _secret_hash(secret)):
-        return None
-    if row.revoked_at is not None:
-        return None
+    if row.role == "admin" and row.namespace != ALL_NAMESPACES:
+        return None  # admin keys are global; this row is not one this version creates
     return Principal(key_id=row.id, role=row.role, namespace=row.namespace)
 
 

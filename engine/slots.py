@@ -15,12 +15,16 @@
   A (first up to the next multiple, then whole A-sized steps, then the remainder), so an
   aligned cut restored and prefilled to the end computes exactly what a cold run computes.
 - generation: decoding from the witnessed logits with a Sampling (engine/sampling.py).
+- step-wise: `prefill_steps` (one aligned step per iteration) and `decoding` (one token
+  per `Decoding.step`) do the same work as `prefill` and `generate` one step at a time,
+  so a caller can interleave several slots' work on one thread; the slot's lock is held
+  for each step, never between steps.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -30,7 +34,7 @@ from engine import codec, restore
 from engine.errors import EmptySlot, InvalidRequest, LogitsMissing, ShapeMismatch
 from engine.intake import Intake
 from engine.layout import KVLayout, dtype_name
-from engine.sampling import GREEDY, Sampling, draw
+from engine.sampling import GREEDY, Drawn, Sampler, Sampling
 from engine.state import Planes, SlotState, Snapshot
 
 if TYPE_CHECKING:
@@ -154,18 +158,31 @@ class Slot:
         `on_boundary(depth)` runs after every step that ends on a multiple of A, with the
         slot consistent at that depth (the moment to export an aligned cut). `cancel`
         is checked between steps."""
+        steps = self.prefill_steps(tokens, on_boundary=on_boundary)
+        while not _cancelled(cancel) and next(steps, None) is not None:
+            pass
+        return self.depth
+
+    def prefill_steps(
+        self, tokens: Sequence[int], *, on_boundary: Callable[[int], None] | None = None
+    ) -> Generator[int, None, None]:
+        """`prefill` one aligned step per iteration: each yields the depth after its step
+        (on_boundary, when due, has run). The tokens are checked before the first step."""
         ids = self.pool.check_tokens(tokens)
-        with self.lock:
+        alignment = self.pool.alignment
+
+        def steps() -> Generator[int, None, None]:
             start = self.depth
-            for lo, hi in aligned_steps(start, start + len(ids), self.pool.alignment):
-                if _cancelled(cancel):
-                    break
-                if lo % self.pool.alignment:
-                    self._state.cold = False
-                self._forward(ids[lo - start : hi - start])
-                if on_boundary is not None and hi % self.pool.alignment == 0:
-                    on_boundary(hi)
-            return self.depth
+            for lo, hi in aligned_steps(start, start + len(ids), alignment):
+                with self.lock:
+                    if lo % alignment:
+                        self._state.cold = False
+                    self._forward(ids[lo - start : hi - start])
+                    if on_boundary is not None and hi % alignment == 0:
+                        on_boundary(hi)
+                yield hi
+
+        return steps()
 
     def generate(
         self,
@@ -179,37 +196,43 @@ class Slot:
         """Decode up to `max_tokens` tokens from the witnessed logits.
 
         A drawn stop token (eos or one of `stop`) ends the generation and is not fed;
-        every other token is streamed to `on_token`, then fed, so afterwards the history
+        every other token is fed, then streamed to `on_token`, so afterwards the history
         holds it and the logits stay witnessed. `cancel` is checked before each token."""
+        decoding = self.decoding(max_tokens=max_tokens, sampling=sampling, stop=stop)
+        while not decoding.done:
+            if _cancelled(cancel):
+                decoding.cancel()
+                break
+            drawn = decoding.step()
+            if drawn is not None and on_token is not None:
+                on_token(drawn.token)
+        return decoding.generation
+
+    def decoding(
+        self,
+        *,
+        max_tokens: int,
+        sampling: Sampling = GREEDY,
+        stop: Iterable[int] = (),
+        top_logprobs: int | None = None,
+    ) -> Decoding:
+        """`generate` one token per Decoding.step; `top_logprobs` (None: no logprobs) asks
+        each drawn token for its logprob and that many alternatives."""
         if not isinstance(max_tokens, int) or max_tokens < 0:
             raise InvalidRequest("max_tokens", f"must be an int >= 0, got {max_tokens!r}")
         stops = frozenset(self.pool.stop_tokens) | frozenset(self.pool.check_tokens(stop))
-        out = Generation()
         with self.lock:
             if self._state.logits is None:
                 if not self._state.tokens:
                     raise EmptySlot(self.index, "decode")
                 raise LogitsMissing(self.depth)
-            key = None if sampling.greedy else mx.random.key(sampling.seed)
-            for _ in range(max_tokens):
-                if _cancelled(cancel):
-                    out.finish_reason = "cancelled"
-                    return out
-                if key is None:
-                    token = int(mx.argmax(self._state.logits))
-                else:
-                    key, sub = mx.random.split(key)
-                    token = draw(self._state.logits, sampling, sub)
-                if token in stops:
-                    out.finish_reason, out.stop_token = "stop", token
-                    return out
-                out.tokens.append(token)
-                if on_token is not None:
-                    on_token(token)
-                self._state.cold = False
-                self._forward([token])
-            out.finish_reason = "length"
-            return out
+            sampler = Sampler(
+                sampling,
+                prompt=self._state.tokens,
+                vocab_size=self.pool.vocab_size,
+                top_logprobs=top_logprobs,
+            )
+        return Decoding(self, sampler, max_tokens=max_tokens, stops=stops)
 
     def _forward(self, tokens: list[int]) -> None:  # mx.array refuses a range or an array
         """One forward over `tokens`; on any failure mid-way the slot is reset, because
@@ -232,6 +255,43 @@ def _cancelled(cancel: Cancel) -> bool:
     if isinstance(cancel, threading.Event):
         return cancel.is_set()
     return bool(cancel())
+
+
+class Decoding:
+    """One generation on a slot, a token at a time (Slot.decoding). `step()` draws one
+    token, feeds it unless it is a stop token, and returns it (None once done);
+    `generation` is what it produced so far and how it finished."""
+
+    def __init__(
+        self, slot: Slot, sampler: Sampler, *, max_tokens: int, stops: frozenset[int]
+    ) -> None:
+        self.slot, self.sampler = slot, sampler
+        self.max_tokens, self.stops = max_tokens, stops
+        self.generation = Generation()
+        self.done = max_tokens == 0
+
+    def step(self) -> Drawn | None:
+        if self.done:
+            return None
+        slot, out = self.slot, self.generation
+        with slot.lock:
+            logits = slot._state.logits
+            assert logits is not None  # Slot.decoding refuses a slot without logits
+            drawn = self.sampler.draw(logits)
+            if drawn.token in self.stops:
+                out.finish_reason, out.stop_token = "stop", drawn.token
+                self.done = True
+                return None
+            out.tokens.append(drawn.token)
+            slot._state.cold = False
+            slot._forward([drawn.token])
+        self.done = len(out.tokens) >= self.max_tokens  # finish_reason stays "length"
+        return drawn
+
+    def cancel(self) -> None:
+        if not self.done:
+            self.generation.finish_reason = "cancelled"
+            self.done = True
 
 
 class SlotPool:

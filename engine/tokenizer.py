@@ -138,7 +138,9 @@ class FastTokenizer:
         return frozenset(self._special_id(t) for t in self.eos_tokens)
 
     def encode(self, text: str) -> list[int]:
-        return self.backend.encode(text, add_special_tokens=False).ids
+        # encode_batch releases the GIL while it works (encode does not), so a long
+        # prompt tokenized on a worker thread never stalls the threads beside it.
+        return self.backend.encode_batch([text], add_special_tokens=False)[0].ids
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

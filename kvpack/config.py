@@ -15,15 +15,25 @@ names come after kvpack's own), its parser and its default.
     producer_key_path KVPACK_PRODUCER_KEY   <data dir>/producer-key.json (created 0600)
     peers_path        KVPACK_PEERS          <data dir>/peers.json (kvpack/remote/peers.py)
     peer_timeout_s    KVPACK_PEER_TIMEOUT   seconds one remote import may wait on a peer (10)
+    catalog_timeout_s KVPACK_CATALOG_TIMEOUT  seconds one catalog call may wait (10;
+                                            catalog/db.py)
+    outage_backoff_s  KVPACK_OUTAGE_BACKOFF seconds a dependency that stopped answering
+                                            is skipped before a probe (5, doubling to 60)
     s3_endpoint       KVPACK_S3_ENDPOINT, AWS_ENDPOINT_URL          (AWS when unset)
     s3_region         KVPACK_S3_REGION, AWS_REGION, AWS_DEFAULT_REGION   (us-east-1)
     s3_access_key     KVPACK_S3_ACCESS_KEY, AWS_ACCESS_KEY_ID
     s3_secret_key     KVPACK_S3_SECRET_KEY, AWS_SECRET_ACCESS_KEY
+    s3_secret_key_file KVPACK_S3_SECRET_KEY_FILE  a file holding the secret key (one line)
+    drain_timeout_s   KVPACK_DRAIN_TIMEOUT  seconds `kvpack serve` drains on SIGTERM (30)
     store_budget      KVPACK_STORE_BUDGET   the vault's byte budget ("50GiB"; unset: none)
     gc_interval_s     KVPACK_GC_INTERVAL    the maintainer's GC interval ("5m"; 0: off)
     gc_grace_s        KVPACK_GC_GRACE       how long an unreferenced chunk is kept ("1h")
     quarantine_retention_s  KVPACK_QUARANTINE_RETENTION  quarantined imports kept ("7d")
     verify_interval_s KVPACK_VERIFY_INTERVAL  the maintainer's verify interval (0: off)
+
+The data dir is created 0700 (and tightened to 0700 if it was looser). S3 secrets are
+best given by the environment or a file: a secret on a command line is visible to every
+user of the machine (`ps`).
 
 The store URL is parsed once, here (cas.open.StoreUrl). The embedded default is SQLite
 plus a local directory under the data dir; pointing many instances at one PostgreSQL and
@@ -42,11 +52,12 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from cas.breaker import DEFAULT_BACKOFF_S
 from cas.keys import Keyring
 from cas.open import StoreUrl, open_object_store, parse_store_url
 from cas.s3 import S3Config
 from cas.store import ObjectStore
-from catalog.db import make_engine, normalize_database_url
+from catalog.db import DEFAULT_TIMEOUT_S, make_engine, normalize_database_url
 from catalog.signing import ProducerKeys
 from kvpack.units import parse_duration, parse_size
 
@@ -80,6 +91,8 @@ class Settings:
     alignment: int = DEFAULT_ALIGNMENT
     namespace: str = "default"
     peer_timeout_s: float = DEFAULT_PEER_TIMEOUT_S
+    catalog_timeout_s: float = DEFAULT_TIMEOUT_S
+    outage_backoff_s: float = DEFAULT_BACKOFF_S
     s3_endpoint: str | None = None
     s3_region: str = DEFAULT_S3_REGION
     s3_access_key: str | None = None
@@ -90,6 +103,7 @@ class Settings:
     gc_grace_s: float = DEFAULT_GC_GRACE_S
     quarantine_retention_s: float = DEFAULT_QUARANTINE_RETENTION_S
     verify_interval_s: float = 0.0
+    s3_secret_key_file: Path | None = None
 
     def __repr__(self) -> str:  # never print a secret
         secret = "***" if self.s3_secret_key else None
@@ -128,6 +142,7 @@ class Settings:
         for name, value in overrides.items():
             if value is not None:
                 raw[name] = (value, "overrides")
+        _one_secret(raw)
         values: dict[str, Any] = {}
         for setting in SETTINGS:  # data_dir first: other defaults live under it
             value, source = raw.get(setting.name, (None, "defaults"))
@@ -138,6 +153,8 @@ class Settings:
                 values[setting.name] = setting.parse(value)
             except (TypeError, ValueError) as e:
                 raise ConfigError(setting.name, source, str(e)) from None
+        if values["s3_secret_key_file"] is not None:
+            values["s3_secret_key"] = _read_secret(values["s3_secret_key_file"])
         if (values["s3_access_key"] is None) != (values["s3_secret_key"] is None):
             raise ConfigError("s3_secret_key", "settings", "give both S3 keys or neither")
         return cls(**values)
@@ -149,6 +166,15 @@ class Settings:
 
     # -- what the settings open ------------------------------------------------------------
 
+    def ensure_data_dir(self) -> Path:
+        """The data dir, created 0700; an existing one of ours that others could read is
+        made 0700 (it holds the keyring, the producer key and the catalog)."""
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = self.data_dir.stat()
+        if info.st_uid == os.getuid() and info.st_mode & 0o077:
+            self.data_dir.chmod(0o700)
+        return self.data_dir
+
     def keyring(self) -> Keyring:
         """The vault keyring, created (mode 0600) on first use."""
         return Keyring.load_or_create(self.keyring_path)
@@ -156,10 +182,11 @@ class Settings:
     def producer_keys(self) -> ProducerKeys:
         """This vault's producer keys, created (mode 0600) on first use, named after the
         vault's producer id."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.ensure_data_dir()
         return ProducerKeys.load_or_create(self.producer_key_path, producer_id(self.data_dir))
 
     def make_engine(self, **kwargs: Any) -> Engine:
+        kwargs.setdefault("timeout_s", self.catalog_timeout_s)
         return make_engine(self.database_url, **kwargs)
 
     def s3_config(self) -> S3Config | None:
@@ -175,6 +202,7 @@ class Settings:
             region=self.s3_region,
             access_key=self.s3_access_key,
             secret_key=self.s3_secret_key,
+            breaker_backoff_s=self.outage_backoff_s,
         )
 
     def open_store(self) -> ObjectStore:
@@ -261,6 +289,18 @@ SETTINGS: tuple[Setting, ...] = (
         _positive_seconds,
         lambda v: DEFAULT_PEER_TIMEOUT_S,
     ),
+    Setting(
+        "catalog_timeout_s",
+        ("KVPACK_CATALOG_TIMEOUT",),
+        _positive_seconds,
+        lambda v: DEFAULT_TIMEOUT_S,
+    ),
+    Setting(
+        "outage_backoff_s",
+        ("KVPACK_OUTAGE_BACKOFF",),
+        _positive_seconds,
+        lambda v: DEFAULT_BACKOFF_S,
+    ),
     Setting("s3_endpoint", ("KVPACK_S3_ENDPOINT", "AWS_ENDPOINT_URL"), _text, lambda v: None),
     Setting(
         "s3_region",
@@ -288,7 +328,36 @@ SETTINGS: tuple[Setting, ...] = (
         lambda v: DEFAULT_QUARANTINE_RETENTION_S,
     ),
     Setting("verify_interval_s", ("KVPACK_VERIFY_INTERVAL",), _duration, lambda v: 0.0),
+    Setting("s3_secret_key_file", ("KVPACK_S3_SECRET_KEY_FILE",), _path, lambda v: None),
 )
+
+
+def _one_secret(raw: dict[str, tuple[Any, str]]) -> None:
+    """The S3 secret and the file holding it are one setting given two ways: the stronger
+    source wins (a --s3-secret-key-file flag over $AWS_SECRET_ACCESS_KEY); both from one
+    source is a mistake."""
+    key, path = raw.get("s3_secret_key"), raw.get("s3_secret_key_file")
+    if key is None or path is None or key[0] is None or path[0] is None:
+        return
+    rank_key, rank_path = _rank(key[1]), _rank(path[1])
+    if rank_key == rank_path:
+        problem = "give the S3 secret key or a file holding it, not both"
+        raise ConfigError("s3_secret_key_file", path[1], problem)
+    del raw["s3_secret_key" if rank_key < rank_path else "s3_secret_key_file"]
+
+
+def _rank(source: str) -> int:
+    return 2 if source == "overrides" else 1 if source.startswith("$") else 0
+
+
+def _read_secret(path: Path) -> str:
+    try:
+        secret = path.read_text().strip()
+    except OSError as e:
+        raise ConfigError("s3_secret_key_file", str(path), f"cannot read it: {e}") from None
+    if not secret:
+        raise ConfigError("s3_secret_key_file", str(path), "the file is empty")
+    return secret
 
 
 def producer_id(data_dir: Path) -> str:

@@ -9,6 +9,11 @@
 - chunk store: one per tenant namespace (chunk ids are keyed per namespace).
 - opening migrates the catalog to head (Alembic), for the embedded SQLite default and
   for an external database alike; the service never calls create_all.
+- catalog breaker: reads and transactions go through a circuit breaker (cas/breaker.py):
+  after a call the catalog did not answer (catalog/db.py's timeouts) it is skipped for a
+  backoff window (CatalogUnavailable, at once) until a probe is answered, so a catalog
+  outage costs a request a recompute, not a timeout each time.
+- readiness: check_catalog and check_store ask each dependency one cheap question.
 """
 
 from __future__ import annotations
@@ -20,10 +25,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from cas.breaker import DEFAULT_BACKOFF_S, DEFAULT_MAX_BACKOFF_S, Breaker
 from cas.chunks import ChunkStore
+from cas.errors import ObjectMissing, StoreUnavailable
 from cas.ids import ChunkId
 from cas.keys import Keyring
 from cas.sealed import SealedObjects
@@ -31,6 +39,7 @@ from cas.store import ObjectStore
 from catalog import ledger, queries
 from catalog.chain import TokenChain
 from catalog.condemn import Condemned, condemn
+from catalog.db import UNREACHABLE
 from catalog.forget import ForgetReport, Selector, forget
 from catalog.gc import GcReport, collect
 from catalog.ids import IdentityDigest, ManifestId
@@ -49,6 +58,16 @@ from migrations import migrate
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 60.0
+READY_PROBE_KEY = "ready/probe"  # never written: a stat answering "missing" is an answer
+READY_PROBE_TIMEOUT_S = 10.0
+
+
+class CatalogUnavailable(SQLAlchemyError):
+    """The catalog is skipped: its breaker opened after calls it did not answer."""
+
+    def __init__(self, retry_in_s: float) -> None:
+        super().__init__(f"the catalog is not answering; next probe in {retry_in_s:.1f} s")
+        self.retry_in_s = retry_in_s
 
 
 class Vault:
@@ -60,6 +79,7 @@ class Vault:
         keyring: Keyring,
         producer_keys: ProducerKeys,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        outage_backoff_s: float = DEFAULT_BACKOFF_S,
     ) -> None:
         self.db = db
         self.objects = objects
@@ -68,13 +88,19 @@ class Vault:
         self.timeout_s = timeout_s
         self.io = IoLoop()
         self.sealed = SealedObjects(objects, keyring)
+        self.catalog_breaker = Breaker(
+            "catalog",
+            threshold=1,  # one call past the catalog timeout is an outage already
+            backoff_s=outage_backoff_s,
+            max_backoff_s=max(outage_backoff_s, DEFAULT_MAX_BACKOFF_S),
+        )
         self._chunks: dict[str, ChunkStore] = {}
         self._lock = threading.Lock()
 
     @classmethod
     def open(cls, settings: Settings, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Vault:
         """Migrate the catalog, then open the store and the keys the settings name."""
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        settings.ensure_data_dir()
         migrate(settings.database_url)
         return cls(
             db=settings.make_engine(),
@@ -82,6 +108,7 @@ class Vault:
             keyring=settings.keyring(),
             producer_keys=settings.producer_keys(),
             timeout_s=timeout_s,
+            outage_backoff_s=settings.outage_backoff_s,
         )
 
     @property
@@ -102,15 +129,49 @@ class Vault:
         return self.io.run(coro, self.timeout_s if timeout == -1.0 else timeout)
 
     @contextmanager
+    def _catalog(self) -> Iterator[None]:
+        """One call through the catalog breaker."""
+        if not self.catalog_breaker.allow():
+            raise CatalogUnavailable(self.catalog_breaker.state().retry_in_s)
+        try:
+            yield
+        except UNREACHABLE:
+            self.catalog_breaker.failure()
+            raise
+        self.catalog_breaker.success()
+
+    @contextmanager
     def transaction(self) -> Iterator[Session]:
         """A catalog session inside one committed transaction."""
-        with Session(self.db) as session, session.begin():
+        with self._catalog(), Session(self.db) as session, session.begin():
             yield session
 
     def read(self, query: Callable[[Session], T]) -> T:
         """One read-only catalog query."""
-        with Session(self.db) as session:
+        with self._catalog(), Session(self.db) as session:
             return query(session)
+
+    # -- readiness ----------------------------------------------------------------------
+
+    def check_catalog(self) -> dict[str, Any]:
+        """Whether the catalog answers one trivial query (through the breaker)."""
+        try:
+            self.read(lambda s: s.execute(text("SELECT 1")).scalar())
+        except SQLAlchemyError as e:
+            return {"up": False, "detail": _first_line(e), **_breaker(self.catalog_breaker)}
+        return {"up": True, **_breaker(self.catalog_breaker)}
+
+    def check_store(self) -> dict[str, Any]:
+        """Whether the object store answers a stat of a key that is never written."""
+        breaker = getattr(self.objects, "breaker", None)
+        state = _breaker(breaker) if isinstance(breaker, Breaker) else {}
+        try:
+            self.run(self.objects.stat(READY_PROBE_KEY), READY_PROBE_TIMEOUT_S)
+        except ObjectMissing:
+            pass  # an answer
+        except (StoreUnavailable, TimeoutError) as e:
+            return {"up": False, "detail": _first_line(e), **state}
+        return {"up": True, **state}
 
     # -- cuts -------------------------------------------------------------------------
 
@@ -253,3 +314,12 @@ class Vault:
         finally:
             self.io.close()
             self.db.dispose()
+
+
+def _breaker(breaker: Breaker) -> dict[str, Any]:
+    s = breaker.state()
+    return {"breaker": s.state, "failures": s.failures, "retry_in_s": round(s.retry_in_s, 3)}
+
+
+def _first_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]

@@ -68,7 +68,7 @@ def run_online() -> None:
     if connection is not None:
         configure(connection)
         return
-    engine = make_engine(database_url())
+    engine = make_engine(database_url(), timeout_s=None)  # a migration may run long
     try:
         with engine.connect() as connection:
             configure(connection)

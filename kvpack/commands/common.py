@@ -3,7 +3,8 @@
 - storage flags: where the vault lives (`kvpack serve`'s --data-dir, --store-url,
   --database-url, --namespace, --alignment and the S3 flags, plus --config). Each flag is
   the Settings field of the same name (kvpack/config.py); a flag beats the environment,
-  which beats the TOML file.
+  which beats the TOML file. A secret given as --s3-secret-key draws a warning: every
+  user of the machine can read a command line.
 - UsageError: bad operator input (an unknown peer, a malformed bundle file, an unknown
   import id, a bad setting). `run_action` prints its message on stderr and exits 2;
   nothing an operator typed ends in a traceback.
@@ -39,7 +40,12 @@ STORAGE_FLAGS = (  # each is the Settings field of the same name
     ("--s3-endpoint", "S3 endpoint URL (MinIO, SeaweedFS, ...)", str),
     ("--s3-region", "S3 region (default us-east-1)", str),
     ("--s3-access-key", "S3 access key id", str),
-    ("--s3-secret-key", "S3 secret key", str),
+    (
+        "--s3-secret-key",
+        "S3 secret key (visible in `ps`: prefer --s3-secret-key-file or $KVPACK_S3_SECRET_KEY)",
+        str,
+    ),
+    ("--s3-secret-key-file", "a file holding the S3 secret key", str),
 )
 
 
@@ -81,6 +87,10 @@ def storage_argv(args: argparse.Namespace, **replace: object) -> list[str]:
 
 def settings_from_args(args: argparse.Namespace, **extra: Any) -> Settings:
     """The settings the storage flags give, with `extra` overrides (None: not given)."""
+    if getattr(args, "s3_secret_key", None):
+        warning = ("kvpack: warning: --s3-secret-key is visible to every user of this machine "
+                   "(ps); use --s3-secret-key-file or $KVPACK_S3_SECRET_KEY")  # fmt: skip
+        print(warning, file=sys.stderr)
     overrides = {field_of(f): getattr(args, field_of(f), None) for f, _, _ in STORAGE_FLAGS}
     return Settings.load(config_file=getattr(args, "config", None), **overrides, **extra)
 

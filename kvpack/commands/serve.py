@@ -32,6 +32,9 @@ from typing import TYPE_CHECKING
 
 from kvpack.commands.common import Subparsers, add_storage_arguments, settings_from_args
 from kvpack.config import ConfigError, Settings
+from kvpack.service.scheduler import DEFAULT_MAX_QUEUED  # stdlib only: no MLX at parse time
+
+MAX_BODY_MIB = 8
 
 if TYPE_CHECKING:  # the service loads the engine: only when serving
     from kvpack.service.service import Service
@@ -48,6 +51,12 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--max-tokens", type=int, default=4096, help="ceiling on one completion")
     p.add_argument("--context-length", type=int, help="default: the model's configuration")
     p.add_argument("--resident-budget-mib", type=int, help="resident tier byte budget (MiB)")
+    p.add_argument("--max-queued-per-tenant", type=int, default=DEFAULT_MAX_QUEUED,
+                   help="requests one tenant may have queued or running; past it: 429 "
+                        f"(default {DEFAULT_MAX_QUEUED})")  # fmt: skip
+    p.add_argument("--max-body-mib", type=int, default=MAX_BODY_MIB,
+                   help="largest request body read (MiB); a completion's limit is also "
+                        f"derived from the context length (default {MAX_BODY_MIB})")  # fmt: skip
     p.add_argument("--no-auth", action="store_true",
                    help="no API keys: anyone may call (only with a loopback --host)")  # fmt: skip
     p.add_argument("--store-budget", metavar="SIZE", help="vault byte budget, e.g. 50GiB")
@@ -75,6 +84,9 @@ def run(args: argparse.Namespace) -> int:
     from engine.models import ModelLoadError
     from kvpack.service.service import Service
 
+    if args.max_queued_per_tenant < 1 or args.max_body_mib < 1:
+        print("kvpack serve: --max-queued-per-tenant and --max-body-mib must be >= 1")
+        return 2
     if args.no_auth and not is_loopback(args.host):
         print(f"kvpack serve: --no-auth serves anyone who can connect, so it needs a loopback "
               f"--host (127.0.0.1, ::1, localhost), not {args.host!r}")  # fmt: skip
@@ -149,14 +161,19 @@ async def _serve(
         verify_interval_s=settings.verify_interval_s,
     )
 
+    vault = service.vault
     app = make_app(
         service,
-        authenticate=None if args.no_auth else catalog_authenticator(service.vault.db),
+        authenticate=None
+        if args.no_auth
+        else catalog_authenticator(vault.db, breaker=vault.catalog_breaker),
         producer_key_path=settings.producer_key_path,
         drain_timeout_s=settings.drain_timeout_s,
         namespace=settings.namespace,
         context_length=args.context_length,
         max_tokens=args.max_tokens,
+        max_queued_per_tenant=args.max_queued_per_tenant,
+        max_body_bytes=args.max_body_mib * 1024 * 1024,
     )
     runner, url = await start(
         app, host=args.host, port=args.port, shutdown_timeout_s=settings.drain_timeout_s

@@ -5,10 +5,13 @@
 - DELETE /v1/admin/quarantine/{import id}: drop it (bytes, then row).
 - POST   /v1/admin/gc {"budget_bytes": int | null, "grace_s": number,
          "quarantine_retention_s": number}: evict and reclaim (catalog/gc.py), then
-         drop quarantined imports older than the retention.
+         drop quarantined imports older than the retention. Every field is checked
+         before anything is deleted: an integer is an int (true is not 1), a number is
+         finite and at most MAX_SECONDS, and an unknown field is refused.
 - POST   /v1/admin/keys/rotate: a new producer signing key, endorsed by the current
          one (catalog/signing.py); returns the public bundle for peers.
-Each runs off the event loop: they touch the catalog and the object store.
+Each runs off the event loop: they touch the catalog and the object store. Ids are
+checked by shape (32 lowercase hex characters) before any lookup.
 """
 
 from __future__ import annotations
@@ -22,10 +25,16 @@ from aiohttp import web
 
 from catalog.trust import STATES
 from kvpack.remote.quarantine import DEFAULT_RETENTION, BadImportId, check_import_id
-from kvpack.server.openai import ApiError, parse_json
+from kvpack.server.bodies import json_body
+from kvpack.server.errors import ApiError
+from kvpack.server.fields import integer, known, number
 from kvpack.service.service import Service
 
 DEFAULT_GRACE = timedelta(hours=1)
+MAX_SECONDS = 100 * 365 * 86400  # a century: any longer is a mistake, and overflows
+MAX_BUDGET_BYTES = 2**63 - 1
+GC_FIELDS = frozenset({"budget_bytes", "grace_s", "quarantine_retention_s"})
+MAX_GC_BODY_BYTES = 4096
 ADMIN = web.AppKey("admin", Service)
 KEY_PATH = web.AppKey("producer_key_path", Path)
 
@@ -42,6 +51,7 @@ def add_routes(app: web.Application, service: Service, producer_key_path: Path |
 
 
 async def quarantine_list(request: web.Request) -> web.Response:
+    known(request.query, {"state"})
     state = request.query.get("state")
     if state is not None and state not in STATES:
         raise ApiError(400, f"state must be one of {STATES}", param="state")
@@ -61,7 +71,8 @@ async def quarantine_show(request: web.Request) -> web.Response:
     import_id = _import_id(request)
     record = await asyncio.to_thread(request.app[ADMIN].quarantine.show, import_id)
     if record is None:
-        raise ApiError(404, f"no quarantined import {import_id!r}", code="not_found")
+        raise ApiError(404, f"no quarantined import {import_id!r}", param="import_id",
+                       code="not_found")  # fmt: skip
     return web.json_response(record.to_json())
 
 
@@ -69,16 +80,17 @@ async def quarantine_drop(request: web.Request) -> web.Response:
     import_id = _import_id(request)
     dropped = await asyncio.to_thread(request.app[ADMIN].quarantine.drop, import_id)
     if not dropped:
-        raise ApiError(404, f"no quarantined import {import_id!r}", code="not_found")
+        raise ApiError(404, f"no quarantined import {import_id!r}", param="import_id",
+                       code="not_found")  # fmt: skip
     return web.json_response({"dropped": import_id})
 
 
 async def gc(request: web.Request) -> web.Response:
-    raw = await request.read()
-    doc = parse_json(raw) if raw else {}
+    doc = await json_body(request, limit=MAX_GC_BODY_BYTES, empty={})
+    known(doc, GC_FIELDS)
     budget = doc.get("budget_bytes")
-    if budget is not None and (not isinstance(budget, int) or budget < 0):
-        raise ApiError(400, "budget_bytes must be an integer >= 0 or null", param="budget_bytes")
+    if budget is not None:
+        budget = integer(budget, "budget_bytes", lo=0, hi=MAX_BUDGET_BYTES)
     grace = _seconds(doc, "grace_s", DEFAULT_GRACE)
     retention = _seconds(doc, "quarantine_retention_s", DEFAULT_RETENTION)
     service = request.app[ADMIN]
@@ -107,6 +119,4 @@ def _seconds(doc: dict[str, Any], name: str, default: timedelta) -> timedelta:
     value = doc.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ApiError(400, f"{name} must be a non-negative number of seconds", param=name)
-    return timedelta(seconds=value)
+    return timedelta(seconds=number(value, name, lo=0.0, hi=MAX_SECONDS))

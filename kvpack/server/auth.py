@@ -4,10 +4,14 @@ Words (keys, roles, principals: catalog/access.py):
 - authenticator: a blocking callable token -> Principal | None. `catalog_authenticator`
   asks the catalog on every request (off the event loop), so a revocation holds from the
   next request on; an unreachable catalog refuses (503), it never lets a caller through.
-- route class: which roles a path admits. /healthz is open; /v1/admin/..., /metrics,
-  /v1/economics and the status page / are admin only (they show every tenant);
+  With the vault's catalog breaker it refuses at once while the catalog is known down,
+  instead of waiting out the catalog timeout on every request.
+- route class: which roles a path admits. /healthz and /readyz are open (/healthz shows
+  activity only when an admin key comes along: `optional_principal`); /v1/admin/...,
+  /metrics, /v1/economics and the status page / are admin only (they show every tenant);
   /v1/peer/... is for peer and admin keys; everything else (completions, models) for any
   valid key. A browser may send the key of the status page as a Basic auth password.
+- admin keys are global: their namespace is "*" (catalog/access.py refuses any other).
 - completion namespace: where a principal's completions live: a key's own namespace, or
   the front's default namespace for a "*" (peer or admin) key.
 - anonymous: no authenticator at all (in-process tests, `kvpack serve --no-auth` on a
@@ -24,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Middleware
@@ -31,18 +36,30 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from cas.breaker import Breaker
 from catalog import access
 from catalog.access import ALL_NAMESPACES, ROLES, Principal
-from kvpack.server.openai import ApiError
+from catalog.db import UNREACHABLE
+from kvpack.server.errors import ApiError
 
 Authenticator = Callable[[str], Principal | None]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 PRINCIPAL = web.RequestKey("principal", Principal)
 ANONYMOUS = Principal(key_id="anonymous", role="admin", namespace=ALL_NAMESPACES)
-OPEN_PATHS = frozenset({"/healthz"})
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 ADMIN_PATHS = frozenset({"/metrics", "/v1/economics", "/"})
 BROWSER_PATHS = frozenset({"/"})  # a browser asks for Basic credentials: the key as password
+
+
+@dataclass(frozen=True)
+class KeyCheck:
+    """The app's authenticator (None: anonymous), for routes that read a key themselves."""
+
+    authenticate: Authenticator | None
+
+
+AUTHENTICATOR = web.AppKey("key_check", KeyCheck)
 
 
 def allowed_roles(path: str) -> tuple[str, ...]:
@@ -84,18 +101,44 @@ def completion_namespace(principal: Principal, default: str) -> str:
     return default if principal.namespace == ALL_NAMESPACES else principal.namespace
 
 
-def catalog_authenticator(db: Engine) -> Authenticator:
-    """Look every token up in the catalog's api_keys (blocking: run it off the loop)."""
+def catalog_authenticator(db: Engine, *, breaker: Breaker | None = None) -> Authenticator:
+    """Look every token up in the catalog's api_keys (blocking: run it off the loop).
+    `breaker` (the vault's catalog breaker) skips a catalog known to be down."""
+    message = "the API key could not be checked: the catalog is unreachable"
 
     def authenticate(token: str) -> Principal | None:
+        if breaker is not None and not breaker.allow():
+            retry = max(1, round(breaker.state().retry_in_s))
+            raise ApiError(
+                503, message, code="auth_unavailable", headers={"Retry-After": str(retry)}
+            )
         try:
             with Session(db) as session, session.begin():
-                return access.authenticate(session=session, token=token)
+                principal = access.authenticate(session=session, token=token)
         except SQLAlchemyError as e:  # fail closed: no answer is no access
-            message = "the API key could not be checked: the catalog is unreachable"
+            if breaker is not None and isinstance(e, UNREACHABLE):
+                breaker.failure()
             raise ApiError(503, message, code="auth_unavailable") from e
+        if breaker is not None:
+            breaker.success()
+        return principal
 
     return authenticate
+
+
+async def optional_principal(request: web.Request) -> Principal | None:
+    """The principal of the request's key on an open route; None without a valid key
+    (an open route never refuses, it only shows less)."""
+    authenticate = request.app[AUTHENTICATOR].authenticate
+    if authenticate is None:
+        return ANONYMOUS
+    token = bearer_token(request.headers.get(hdrs.AUTHORIZATION))
+    if token is None:
+        return None
+    try:
+        return await asyncio.to_thread(authenticate, token)
+    except ApiError:
+        return None
 
 
 def any_active_key(db: Engine) -> bool:

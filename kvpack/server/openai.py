@@ -2,73 +2,85 @@
 
 - ApiRequest: one validated /v1/chat/completions or /v1/completions body, already
   tokenized (the chat template applied for chat), ready to become a CompletionRequest.
-- ApiError: a request the server refuses; `status` (400 malformed, 401 no valid API key,
-  403 a key whose role the route refuses, 404 unknown model, 413 too long for the context,
-  422 a field of the wrong type or out of range) and the OpenAI error body naming the
-  offending `param`.
-- kvpack object: every response carries `kvpack: {tier, restore_seconds,
-  prefill_seconds}` saying which tier served the prompt and what the restore cost;
-  `usage.prompt_tokens_details.cached_tokens` counts the prompt tokens a tier served.
+- fields: every field of OpenAI's two APIs is either implemented (model, messages or
+  prompt, max_tokens / max_completion_tokens, temperature, top_p, seed, stop, stream,
+  stream_options, presence_penalty, frequency_penalty, logit_bias, logprobs,
+  top_logprobs, user; and the common extensions top_k, min_p, repetition_penalty, as
+  engine/sampling.py defines them) or refused with a 400 naming it unless it carries
+  the value that means "off" (n, best_of, echo, suffix, response_format, tools,
+  tool_choice, functions, function_call). A field of neither kind is refused as
+  unknown. `user` is accepted and not used: it names the caller for OpenAI's abuse
+  monitoring, which this server does not do.
+- size bound: a prompt's text is refused (413) before it is tokenized when it is longer
+  than `Limits.max_prompt_chars`: the context length times the longest token's bytes,
+  which no prompt that fits the context can exceed.
+- kvpack object: every response carries `kvpack: {tier, cached_tokens,
+  restore_seconds, prefill_seconds}` saying which tier served the prompt and what the
+  restore cost; `usage.prompt_tokens_details.cached_tokens` counts the prompt tokens a
+  tier served.
+- logprobs: chat answers carry OpenAI's `logprobs.content` (token, logprob, bytes,
+  top_logprobs), completions the legacy `tokens` / `token_logprobs` / `top_logprobs` /
+  `text_offset`; a token's text is its own decoding (a byte of a multi-byte character
+  decodes to U+FFFD).
+Errors are ApiErrors (kvpack/server/errors.py).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from engine.sampling import Drawn, Sampling
+from kvpack.server.errors import ApiError, bad_type, out_of_range, unsupported
+from kvpack.server.fields import boolean, integer, known, number, text
 from kvpack.service.service import Completion
 
 Kind = Literal["chat", "completion"]
 DEFAULT_MAX_TOKENS = 256
 MAX_STOP_STRINGS = 4
+MAX_STOP_CHARS = 256
+MAX_USER_CHARS = 256
+MAX_NAME_CHARS = 64
+MAX_LOGIT_BIAS = 300
+MAX_TOP_LOGPROBS = {"chat": 20, "completion": 5}  # OpenAI's limits
+MAX_SEED = 2**63 - 1
 ROLES = ("system", "user", "assistant", "tool", "developer")
-# Fields this server refuses rather than silently ignores, with the values that mean "off".
-UNSUPPORTED = {
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
-    "echo": (None, False),
-    "best_of": (None, 1),
-    "suffix": (None, ""),
-    "tools": (None, []),
-    "functions": (None, []),
+COMMON_FIELDS = frozenset(
+    {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+     "min_p", "seed", "stop", "stream", "stream_options", "n", "user", "presence_penalty",
+     "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs"}
+)  # fmt: skip
+FIELDS: dict[Kind, frozenset[str]] = {
+    "chat": COMMON_FIELDS | {"messages", "top_logprobs", "response_format", "tools",
+                             "tool_choice", "parallel_tool_calls", "functions", "function_call"},
+    "completion": COMMON_FIELDS | {"prompt", "echo", "best_of", "suffix"},
+}  # fmt: skip
+# Parameters this server does not implement, with the values that mean "off".
+OFF: dict[str, tuple[Any, ...]] = {
+    "n": (1,),
+    "best_of": (1,),
+    "echo": (False,),
+    "suffix": ("",),
+    "tools": ([],),
+    "functions": ([],),
+    "tool_choice": ("none",),
+    "function_call": ("none",),
+    "parallel_tool_calls": (True, False),  # it only means something with tools
+    "response_format": ({"type": "text"},),
 }
-
-
-class ApiError(Exception):
-    """A refused request: HTTP `status` and an OpenAI-style error body."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-        self.headers = dict(headers or {})  # e.g. WWW-Authenticate on a 401
-
-    def body(self) -> dict[str, Any]:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return {
-            "error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}
-        }
-
-
-def bad_type(param: str, expected: str, got: Any) -> ApiError:
-    return ApiError(
-        422, f"{param} must be {expected}, got {type(got).__name__}", param=param, code="bad_type"
-    )
-
-
-def out_of_range(param: str, bound: str, got: Any) -> ApiError:
-    return ApiError(422, f"{param} must be {bound}, got {got!r}", param=param, code="out_of_range")
+WHY_OFF = {
+    "n": "one choice per request (n must be 1)",
+    "best_of": "one choice per request (best_of must be 1)",
+    "echo": "echoing the prompt is not supported",
+    "suffix": "insertion (suffix) is not supported",
+    "response_format": 'only {"type": "text"} is supported',
+}
+_TOKEN_ID = re.compile(r"[0-9]{1,10}")
 
 
 @dataclass(frozen=True)
@@ -77,12 +89,11 @@ class ApiRequest:
     model: str
     tokens: list[int]
     max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int
+    sampling: Sampling
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    top_logprobs: int | None = None  # None: no logprobs; n: each token's and n others
 
 
 @dataclass(frozen=True)
@@ -92,16 +103,8 @@ class Limits:
     model: str
     context_length: int  # prompt + completion tokens
     max_tokens: int  # a ceiling on one completion
-
-
-def parse_json(raw: bytes) -> dict[str, Any]:
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ApiError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object", code="invalid_json")
-    return body
+    vocab_size: int = 1 << 31  # prompt token ids and logit_bias keys are below it
+    max_prompt_chars: int | None = None  # longer prompt text cannot fit the context
 
 
 def parse_request(
@@ -112,20 +115,25 @@ def parse_request(
     chat_tokens: Callable[[list[dict[str, str]]], list[int]],
     encode: Callable[[str], list[int]],
 ) -> ApiRequest:
-    """Validate `body` and tokenize its prompt; raises ApiError naming what was wrong."""
-    model = limits.model if body.get("model") is None else body["model"]
-    if not isinstance(model, str):
-        raise bad_type("model", "a string", model)
-    if model != limits.model:
-        raise ApiError(
-            404,
-            f"model {model!r} does not exist; this server serves {limits.model!r}",
-            param="model",
-            code="model_not_found",
-        )
-    tokens = chat_tokens(_messages(body)) if kind == "chat" else _prompt(body, encode)
+    """Validate `body` and tokenize its prompt; raises ApiError naming what was wrong.
+    Every cheap check runs before the prompt is tokenized."""
+    known(body, FIELDS[kind])
+    model = _model(body, limits)
+    _refuse_unsupported(body)
+    stream = boolean(body["stream"], "stream") if body.get("stream") is not None else False
+    include_usage = _stream_options(body, stream)
+    sampling = _sampling(body, limits)
+    top_logprobs = _logprobs(body, kind)
+    stop = _stop(body)
+    if body.get("user") is not None:
+        text(body["user"], "user", max_chars=MAX_USER_CHARS)
+    max_tokens = _max_tokens_field(body, limits)
+    if kind == "chat":
+        tokens = chat_tokens(_messages(body, limits))
+    else:
+        tokens = _prompt(body, limits, encode)
     if not tokens:
-        raise ApiError(400, "the prompt is empty", param="prompt" if kind == "completion" else None)
+        raise ApiError(400, "the prompt is empty", param="messages" if kind == "chat" else "prompt")
     room = limits.context_length - len(tokens)
     if room < 1:
         raise ApiError(
@@ -135,105 +143,140 @@ def parse_request(
             param="messages" if kind == "chat" else "prompt",
             code="context_length_exceeded",
         )
-    max_tokens = _max_tokens(body, limits, room, len(tokens))
-    n = body.get("n")
-    if n is not None and (n != 1 or isinstance(n, bool)):
-        raise out_of_range("n", "1 (one choice per request)", n)
-    for name, allowed in UNSUPPORTED.items():
-        if body.get(name) not in allowed:
-            raise ApiError(422, f"{name} is not supported by this server", param=name)
-    stream = _typed(body, "stream", bool, "a boolean", False)
-    options = _typed(body, "stream_options", dict, "an object", {}) or {}
-    include_usage = options.get("include_usage", False)
-    if not isinstance(include_usage, bool):
-        raise bad_type("stream_options.include_usage", "a boolean", include_usage)
     return ApiRequest(
         kind=kind,
         model=model,
         tokens=tokens,
-        max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 1.0, lo=0.0, hi=2.0),
-        top_p=_number(body, "top_p", 1.0, lo=0.0, hi=1.0, lo_open=True),
-        seed=_seed(body),
-        stop=_stop(body),
+        max_tokens=_fit(max_tokens, limits, room, len(tokens)),
+        sampling=sampling,
+        stop=stop,
         stream=stream,
         include_usage=include_usage,
+        top_logprobs=top_logprobs,
     )
 
 
-def _typed(body: Mapping[str, Any], name: str, kind: type, expected: str, default: Any) -> Any:
+def _model(body: Mapping[str, Any], limits: Limits) -> str:
+    model = limits.model if body.get("model") is None else body["model"]
+    if not isinstance(model, str):
+        raise bad_type("model", "a string", model)
+    if model != limits.model:
+        raise ApiError(
+            404,
+            f"model {text(model, 'model', max_chars=256)!r} does not exist; this server "
+            f"serves {limits.model!r}",
+            param="model",
+            code="model_not_found",
+        )
+    return model
+
+
+def _refuse_unsupported(body: Mapping[str, Any]) -> None:
+    for name, allowed in OFF.items():
+        value = body.get(name)
+        if value is None or any(type(value) is type(ok) and value == ok for ok in allowed):
+            continue
+        raise unsupported(name, WHY_OFF.get(name, "tools and function calling are not supported"))
+
+
+def _stream_options(body: Mapping[str, Any], stream: bool) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise bad_type("stream_options", "an object", options)
+    if not stream:
+        raise ApiError(400, "stream_options is only allowed with stream: true",
+                       param="stream_options")  # fmt: skip
+    known(options, {"include_usage"}, where="stream_options.")
+    usage = options.get("include_usage")
+    return False if usage is None else boolean(usage, "stream_options.include_usage")
+
+
+def _optional_number(body: Mapping[str, Any], name: str, default: float, **bounds: Any) -> float:
     value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise bad_type(name, expected, value)
-    return value
+    return default if value is None else number(value, name, **bounds)
 
 
-def _messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
-    if body.get("messages") is None:
-        raise ApiError(400, "messages is required", param="messages", code="missing_field")
-    messages = body["messages"]
-    if not isinstance(messages, list):
-        raise bad_type("messages", "an array of message objects", messages)
-    if not messages:
-        raise ApiError(400, "messages must not be empty", param="messages")
+def _sampling(body: Mapping[str, Any], limits: Limits) -> Sampling:
+    seed = body.get("seed")
+    return Sampling(
+        temperature=_optional_number(body, "temperature", 1.0, lo=0.0, hi=2.0),
+        top_p=_optional_number(body, "top_p", 1.0, lo=0.0, hi=1.0, lo_open=True),
+        top_k=0
+        if body.get("top_k") is None
+        else integer(body["top_k"], "top_k", lo=0, hi=2**31 - 1),  # fmt: skip
+        min_p=_optional_number(body, "min_p", 0.0, lo=0.0, hi=1.0),
+        # As OpenAI: without a seed, sampling differs per request.
+        seed=secrets.randbits(32) if seed is None else integer(seed, "seed", lo=0, hi=MAX_SEED),
+        repetition_penalty=_optional_number(
+            body, "repetition_penalty", 1.0, lo=0.0, hi=10.0, lo_open=True
+        ),  # fmt: skip
+        presence_penalty=_optional_number(body, "presence_penalty", 0.0, lo=-2.0, hi=2.0),
+        frequency_penalty=_optional_number(body, "frequency_penalty", 0.0, lo=-2.0, hi=2.0),
+        logit_bias=_logit_bias(body, limits),
+    )
+
+
+def _logit_bias(body: Mapping[str, Any], limits: Limits) -> tuple[tuple[int, float], ...]:
+    bias = body.get("logit_bias")
+    if bias is None:
+        return ()
+    if not isinstance(bias, dict):
+        raise bad_type("logit_bias", "an object of token id -> bias", bias)
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise out_of_range("logit_bias", f"at most {MAX_LOGIT_BIAS} entries", len(bias))
     out = []
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise bad_type(where, "an object", message)
-        role = message.get("role")
-        if role not in ROLES:
-            raise out_of_range(f"{where}.role", f"one of {ROLES}", role)
-        out.append({"role": role, "content": _content(message.get("content"), where)})
-    return out
+    for key, value in bias.items():
+        if not _TOKEN_ID.fullmatch(key) or int(key) >= limits.vocab_size:
+            raise out_of_range("logit_bias", f"keyed by token ids in [0, {limits.vocab_size})",
+                               key)  # fmt: skip
+        out.append((int(key), number(value, "logit_bias", lo=-100.0, hi=100.0)))
+    return tuple(sorted(out))
 
 
-def _content(content: Any, where: str) -> str:
-    """A string, or an array of {"type": "text", "text": ...} parts (joined)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for j, part in enumerate(content):
-            if not (isinstance(part, dict) and part.get("type") == "text"):
-                raise ApiError(
-                    422,
-                    f"{where}.content[{j}]: only text parts are supported",
-                    param=f"{where}.content",
-                )
-            text = part.get("text")
-            if not isinstance(text, str):
-                raise bad_type(f"{where}.content[{j}].text", "a string", text)
-            texts.append(text)
-        return "".join(texts)
-    raise bad_type(f"{where}.content", "a string or an array of text parts", content)
+def _logprobs(body: Mapping[str, Any], kind: Kind) -> int | None:
+    top = MAX_TOP_LOGPROBS[kind]
+    value = body.get("logprobs")
+    if kind == "completion":  # the legacy API: logprobs is the number of alternatives
+        return None if value is None else integer(value, "logprobs", lo=0, hi=top)
+    wanted = False if value is None else boolean(value, "logprobs")
+    n = body.get("top_logprobs")
+    if n is None:
+        return 0 if wanted else None
+    n = integer(n, "top_logprobs", lo=0, hi=top)
+    if not wanted:
+        raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    return n
 
 
-def _prompt(body: Mapping[str, Any], encode: Callable[[str], list[int]]) -> list[int]:
-    """A string, an array of token ids, or a one-element array of either."""
-    if body.get("prompt") is None:
-        raise ApiError(400, "prompt is required", param="prompt", code="missing_field")
-    prompt = body["prompt"]
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        return encode(prompt)
-    if isinstance(prompt, list) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in prompt
-    ):
-        return list(prompt)
-    raise bad_type("prompt", "a string or an array of token ids (one prompt)", prompt)
+def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list):
+        raise bad_type("stop", "a string or an array of strings", stop)
+    if len(stops) > MAX_STOP_STRINGS:
+        raise out_of_range("stop", f"at most {MAX_STOP_STRINGS} strings", len(stops))
+    return tuple(text(s, "stop", max_chars=MAX_STOP_CHARS, nul=True) for s in stops)
 
 
-def _max_tokens(body: Mapping[str, Any], limits: Limits, room: int, prompt_len: int) -> int:
-    name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-    value = _typed(body, name, int, "an integer", None)
-    if value is None:
+def _max_tokens_field(body: Mapping[str, Any], limits: Limits) -> tuple[str, int] | None:
+    given = [n for n in ("max_completion_tokens", "max_tokens") if body.get(n) is not None]
+    if len(given) == 2:
+        raise ApiError(400, "give max_tokens or max_completion_tokens, not both",
+                       param="max_completion_tokens")  # fmt: skip
+    if not given:
+        return None
+    name = given[0]
+    return name, integer(body[name], name, lo=1, hi=limits.max_tokens)
+
+
+def _fit(field: tuple[str, int] | None, limits: Limits, room: int, prompt_len: int) -> int:
+    if field is None:
         return min(DEFAULT_MAX_TOKENS, limits.max_tokens, room)
-    if not 1 <= value <= limits.max_tokens:
-        raise out_of_range(name, f"between 1 and {limits.max_tokens}", value)
+    name, value = field
     if value > room:
         raise ApiError(
             413,
@@ -245,44 +288,91 @@ def _max_tokens(body: Mapping[str, Any], limits: Limits, room: int, prompt_len: 
     return value
 
 
-def _number(
-    body: Mapping[str, Any],
-    name: str,
-    default: float,
-    *,
-    lo: float,
-    hi: float,
-    lo_open: bool = False,
-) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise bad_type(name, "a number", value)
-    if not (lo < value if lo_open else lo <= value) or value > hi:
-        raise out_of_range(name, f"in {'(' if lo_open else '['}{lo}, {hi}]", value)
-    return float(value)
+def _too_long(param: str, chars: int, limits: Limits) -> ApiError:
+    return ApiError(
+        413,
+        f"the prompt is {chars} characters; at most {limits.max_prompt_chars} can fit this "
+        f"model's context of {limits.context_length} tokens",
+        param=param,
+        code="context_length_exceeded",
+    )
 
 
-def _seed(body: Mapping[str, Any]) -> int:
-    seed = _typed(body, "seed", int, "an integer", None)
-    if seed is None:
-        return secrets.randbits(32)  # as OpenAI: without a seed, sampling differs per request
-    if not 0 <= seed < 2**63:
-        raise out_of_range("seed", "in [0, 2**63)", seed)
-    return seed
+def _messages(body: Mapping[str, Any], limits: Limits) -> list[dict[str, str]]:
+    if body.get("messages") is None:
+        raise ApiError(400, "messages is required", param="messages", code="missing_field")
+    messages = body["messages"]
+    if not isinstance(messages, list):
+        raise bad_type("messages", "an array of message objects", messages)
+    if not messages:
+        raise ApiError(400, "messages must not be empty", param="messages")
+    if len(messages) > limits.context_length:  # every message costs at least one token
+        raise ApiError(413, f"{len(messages)} messages cannot fit this model's context of "
+                       f"{limits.context_length} tokens", param="messages",
+                       code="context_length_exceeded")  # fmt: skip
+    out, chars = [], 0
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise bad_type(where, "an object", message)
+        known(message, {"role", "content", "name"}, where=f"{where}.")
+        role = message.get("role")
+        if not isinstance(role, str) or role not in ROLES:
+            raise out_of_range(f"{where}.role", f"one of {ROLES}", role)
+        content = _content(message.get("content"), where)
+        chars += len(content)
+        if limits.max_prompt_chars is not None and chars > limits.max_prompt_chars:
+            raise _too_long("messages", chars, limits)
+        entry = {"role": role, "content": content}
+        if message.get("name") is not None:
+            entry["name"] = text(message["name"], f"{where}.name", max_chars=MAX_NAME_CHARS)
+        out.append(entry)
+    return out
 
 
-def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
-    stop = body.get("stop")
-    if stop is None:
-        return ()
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise bad_type("stop", "a string or an array of strings", stop)
-    if len(stops) > MAX_STOP_STRINGS:
-        raise out_of_range("stop", f"at most {MAX_STOP_STRINGS} strings", len(stops))
-    return tuple(stops)
+def _content(content: Any, where: str) -> str:
+    """A string, or an array of {"type": "text", "text": ...} parts (joined)."""
+    if isinstance(content, str):
+        return text(content, f"{where}.content", nul=True)
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if not (isinstance(part, dict) and part.get("type") == "text"):
+                raise unsupported(f"{where}.content", f"part {j}: only text parts are supported")
+            known(part, {"type", "text"}, where=f"{where}.content[{j}].")
+            texts.append(text(part.get("text"), f"{where}.content[{j}].text", nul=True))
+        return "".join(texts)
+    raise bad_type(f"{where}.content", "a string or an array of text parts", content)
+
+
+def _prompt(
+    body: Mapping[str, Any], limits: Limits, encode: Callable[[str], list[int]]
+) -> list[int]:
+    """A string, an array of token ids, or a one-element array of either."""
+    if body.get("prompt") is None:
+        raise ApiError(400, "prompt is required", param="prompt", code="missing_field")
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        if len(prompt) > 1:
+            raise unsupported("prompt", "one prompt per request")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        text(prompt, "prompt", nul=True)
+        if limits.max_prompt_chars is not None and len(prompt) > limits.max_prompt_chars:
+            raise _too_long("prompt", len(prompt), limits)
+        return encode(prompt)
+    if not isinstance(prompt, list):
+        raise bad_type("prompt", "a string or an array of token ids (one prompt)", prompt)
+    if len(prompt) >= limits.context_length:
+        raise ApiError(413, f"the prompt is {len(prompt)} tokens; this model's context is "
+                       f"{limits.context_length} tokens", param="prompt",
+                       code="context_length_exceeded")  # fmt: skip
+    for t in prompt:
+        if not isinstance(t, int) or isinstance(t, bool):
+            raise bad_type("prompt", "a string or an array of token ids (one prompt)", t)
+        if not 0 <= t < limits.vocab_size:
+            raise out_of_range("prompt", f"token ids in [0, {limits.vocab_size})", t)
+    return list(prompt)
 
 
 # -- responses ----------------------------------------------------------------------------
@@ -318,13 +408,17 @@ def headers(c: Completion) -> dict[str, str]:
 
 
 class Envelope:
-    """id, object names and timestamps shared by every body of one response."""
+    """id, object names and timestamps shared by every body of one response; `decode`
+    names tokens in logprobs."""
 
-    def __init__(self, kind: Kind, model: str, fingerprint: str) -> None:
-        self.kind, self.model, self.fingerprint = kind, model, fingerprint
+    def __init__(
+        self, kind: Kind, model: str, fingerprint: str, *, decode: Callable[[Sequence[int]], str]
+    ) -> None:
+        self.kind, self.model, self.fingerprint, self.decode = kind, model, fingerprint, decode
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         self.id = f"{prefix}-{secrets.token_hex(12)}"
         self.created = int(time.time())
+        self._offset = 0  # characters of completion text before the next token (legacy)
 
     def _base(self, obj: str) -> dict[str, Any]:
         return {
@@ -335,36 +429,69 @@ class Envelope:
             "system_fingerprint": self.fingerprint,
         }
 
-    def _choice(self, text: str, finish_reason: str | None, *, delta: bool) -> dict[str, Any]:
+    def _choice(
+        self, text: str, finish_reason: str | None, *, delta: bool, logprobs: Any = None
+    ) -> dict[str, Any]:
         if self.kind == "completion":
-            return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         if delta:
-            return {"index": 0, "delta": {"content": text} if text else {}, "logprobs": None,
+            return {"index": 0, "delta": {"content": text} if text else {}, "logprobs": logprobs,
                     "finish_reason": finish_reason}  # fmt: skip
-        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                "finish_reason": finish_reason}  # fmt: skip
+        return {"index": 0, "message": {"role": "assistant", "content": text},
+                "logprobs": logprobs, "finish_reason": finish_reason}  # fmt: skip
+
+    def logprobs(self, drawn: Sequence[Drawn] | None) -> dict[str, Any] | None:
+        """The choice's logprobs object for `drawn` (None when none were asked for)."""
+        if drawn is None:
+            return None
+        if self.kind == "chat":
+            return {"content": [self._entry(d) for d in drawn], "refusal": None}
+        tokens = [self.decode([d.token]) for d in drawn]
+        offsets = []
+        for token in tokens:
+            offsets.append(self._offset)
+            self._offset += len(token)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [d.logprob for d in drawn],
+            "top_logprobs": [{self.decode([t]): lp for t, lp in d.top} for d in drawn],
+            "text_offset": offsets,
+        }
+
+    def _entry(self, d: Drawn) -> dict[str, Any]:
+        def one(token: int, logprob: float | None) -> dict[str, Any]:
+            text = self.decode([token])
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+        return {**one(d.token, d.logprob), "top_logprobs": [one(t, lp) for t, lp in d.top]}
 
     def full(self, c: Completion) -> dict[str, Any]:
         obj = "chat.completion" if self.kind == "chat" else "text_completion"
+        logprobs = self.logprobs(c.logprobs)
+        choice = self._choice(c.text, c.finish_reason, delta=False, logprobs=logprobs)
         return {
             **self._base(obj),
-            "choices": [self._choice(c.text, c.finish_reason, delta=False)],
+            "choices": [choice],
             "usage": usage(c),
             "kvpack": kvpack_object(c),
         }
 
-    def chunk(self, text: str, *, first: bool = False) -> dict[str, Any]:
+    def chunk(
+        self, text: str, *, first: bool = False, drawn: Sequence[Drawn] | None = None
+    ) -> dict[str, Any]:
         body = self._base(self._chunk_object())
-        choice = self._choice(text, None, delta=True)
+        choice = self._choice(text, None, delta=True, logprobs=self.logprobs(drawn))
         if first and self.kind == "chat":
             choice["delta"] = {"role": "assistant", "content": text}
         body["choices"] = [choice]
         return body
 
-    def last_chunk(self, c: Completion) -> dict[str, Any]:
-        """The chunk with the finish reason; it also carries the kvpack object."""
+    def last_chunk(self, c: Completion, drawn: Sequence[Drawn] | None = None) -> dict[str, Any]:
+        """The chunk with the finish reason (and the logprobs of tokens whose text came
+        with it); it also carries the kvpack object."""
         body = self._base(self._chunk_object())
-        body["choices"] = [self._choice("", c.finish_reason, delta=True)]
+        logprobs = self.logprobs(drawn) if drawn else None
+        body["choices"] = [self._choice("", c.finish_reason, delta=True, logprobs=logprobs)]
         body["kvpack"] = kvpack_object(c)
         return body
 

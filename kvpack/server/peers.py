@@ -4,7 +4,9 @@ Peer or admin API keys only (kvpack/server/auth.py):
 - GET  /v1/peer/keys: this producer's public bundle (catalog/signing.py).
 - POST /v1/peer/find {identity, alignment, depth, links: [[depth, digest hex], ...],
   min_depth}: the deepest exportable cut deeper than min_depth as a signed statement,
-  or 404. The links must form a token chain: every aligned depth, then the end.
+  or 404. The links must form a token chain: every aligned depth, then the end; at most
+  MAX_LINKS of them (each becomes query parameters, and databases cap those: PostgreSQL
+  at 65,535 per statement, SQLite at 32,766).
 - GET  /v1/peer/packs/{manifest id}/planes: the cut's parts (application/octet-stream).
 """
 
@@ -19,9 +21,14 @@ from catalog.chain import TokenChain
 from catalog.ids import ChainDigest, IdentityDigest, ManifestId
 from kvpack.remote.exporter import Exporter
 from kvpack.server.auth import PRINCIPAL
-from kvpack.server.openai import ApiError, parse_json
+from kvpack.server.bodies import json_body
+from kvpack.server.errors import ApiError
+from kvpack.server.fields import hex_id, integer, known
 
-MAX_LINKS = 1 << 16
+MAX_LINKS = 8192  # find_deepest binds 3 parameters per link
+MAX_ALIGNMENT = 1 << 20
+MAX_FIND_BODY_BYTES = MAX_LINKS * 100 + 4096  # a link is [depth, 64 hex] in ~80 bytes
+FIND_FIELDS = frozenset({"identity", "alignment", "depth", "links", "min_depth"})
 EXPORTER = web.AppKey("exporter", Exporter)
 
 
@@ -44,7 +51,7 @@ async def keys(request: web.Request) -> web.Response:
 
 async def find(request: web.Request) -> web.Response:
     scope = _scope(request)
-    identity, chain, min_depth = parse_find(parse_json(await request.read()))
+    identity, chain, min_depth = parse_find(await json_body(request, limit=MAX_FIND_BODY_BYTES))
     exporter = request.app[EXPORTER]
     answer = await asyncio.to_thread(
         exporter.find, identity=identity, chain=chain, min_depth=min_depth, scope=scope
@@ -57,15 +64,13 @@ async def find(request: web.Request) -> web.Response:
 async def planes(request: web.Request) -> web.Response:
     scope = _scope(request)
     raw = request.match_info["manifest"]
-    try:
-        manifest_id = ManifestId.from_hex(raw)
-    except ValueError as e:
-        raise ApiError(400, str(e), param="manifest") from None
+    manifest_id = ManifestId.from_hex(hex_id(raw, "manifest", chars=2 * ManifestId.SIZE))
     data = await asyncio.to_thread(
         request.app[EXPORTER].planes, manifest_id=manifest_id, scope=scope
     )
     if data is None:
-        raise ApiError(404, f"no exportable cut {manifest_id.hex}", code="no_cut")
+        raise ApiError(404, f"no exportable cut {manifest_id.hex}", param="manifest",
+                       code="no_cut")  # fmt: skip
     return web.Response(body=data, content_type="application/octet-stream")
 
 
@@ -73,37 +78,27 @@ def parse_find(doc: Any) -> tuple[IdentityDigest, TokenChain, int]:
     """(identity, chain, min_depth) from a find request; ApiError 400 naming the field."""
     if not isinstance(doc, dict):
         raise ApiError(400, "the body must be a JSON object")
-    try:
-        identity = IdentityDigest.from_hex(doc["identity"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise ApiError(400, f"malformed find request: {e}", param="identity") from None
-    try:
-        alignment, depth, min_depth = (doc[k] for k in ("alignment", "depth", "min_depth"))
-        if not all(type(v) is int and v >= 0 for v in (alignment, depth, min_depth)):
-            raise ValueError("alignment, depth and min_depth must be integers >= 0")
-        links = doc["links"]
-        if not isinstance(links, list) or len(links) > MAX_LINKS:
-            raise ValueError(f"links must be a list of at most {MAX_LINKS} [depth, digest]")
-        parsed = tuple(
-            (d, ChainDigest.from_hex(h))
-            for d, h in (_pair(link) for link in links)
-            if type(d) is int
-        )
-        if len(parsed) != len(links):
-            raise ValueError("link depths must be integers")
-    except (KeyError, TypeError, ValueError) as e:
-        raise ApiError(400, f"malformed find request: {e}", param="links") from None
-    if alignment < 1 or depth // alignment > MAX_LINKS:
-        raise ApiError(400, f"alignment must be >= 1 and depth at most {MAX_LINKS} blocks")
+    known(doc, FIND_FIELDS)
+    for name in FIND_FIELDS:
+        if doc.get(name) is None:
+            raise ApiError(400, f"{name} is required", param=name, code="missing_field")
+    identity = IdentityDigest.from_hex(hex_id(doc["identity"], "identity", chars=64))
+    alignment = integer(doc["alignment"], "alignment", lo=1, hi=MAX_ALIGNMENT)
+    depth = integer(doc["depth"], "depth", lo=0, hi=MAX_LINKS * alignment)
+    min_depth = integer(doc["min_depth"], "min_depth", lo=0, hi=depth)
+    links = doc["links"]
+    if not isinstance(links, list) or len(links) > MAX_LINKS:
+        raise ApiError(400, f"links must be a list of at most {MAX_LINKS} [depth, digest hex]",
+                       param="links")  # fmt: skip
+    parsed = []
+    for link in links:
+        if not isinstance(link, list) or len(link) != 2:
+            raise ApiError(400, "each link is [depth, digest hex]", param="links")
+        d = integer(link[0], "links", lo=1, hi=depth)
+        parsed.append((d, ChainDigest.from_hex(hex_id(link[1], "links", chars=64))))
     expected = [*range(alignment, depth + 1, alignment)]
     if depth > 0 and (not expected or expected[-1] != depth):
         expected.append(depth)
     if [d for d, _ in parsed] != expected:
         raise ApiError(400, "links must name every aligned depth and the end", param="links")
-    return identity, TokenChain(alignment=alignment, depth=depth, links=parsed), min_depth
-
-
-def _pair(link: Any) -> tuple[Any, Any]:
-    if not isinstance(link, list) or len(link) != 2:
-        raise ValueError("each link is [depth, digest hex]")
-    return link[0], link[1]
+    return identity, TokenChain(alignment=alignment, depth=depth, links=tuple(parsed)), min_depth

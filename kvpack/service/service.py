@@ -10,28 +10,34 @@
   prefill crosses while the slot is cold, encoded and stored in the background.
 - text: generated ids become text as they come (kvpack/service/detok.py); a stop string
   ends the generation at once and is not part of the text.
+- steps: `steps()` is a request as a generator of engine steps; each `next()` does one
+  unit of work and yields its kind: "lookup" (the ladder, restore included), "prefill"
+  (one aligned step of at most A tokens), "decode" (one token). The generator's return
+  value is the Completion. `complete()` runs it to the end; the server's scheduler
+  (kvpack/service/scheduler.py) interleaves the steps of different tenants' requests.
 - tenant namespace: the identity's salt. Each namespace gets its own slot pool over the
   same weights (its identity differs only in the namespace component) and its own
   chunk-id key, so no lookup crosses tenants; every counter carries it as a label.
 
-complete() is synchronous and not thread-safe: callers serialise it on one thread.
+complete() and the steps are synchronous and not thread-safe: callers run them on one
+thread, and one request of a tenant at a time (its requests share the tenant's slots).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from catalog.chain import TokenChain
 from engine.errors import InvalidRequest
 from engine.models import LoadedModel, load_model
-from engine.sampling import GREEDY, Sampling
+from engine.sampling import GREEDY, Drawn, Sampling
 from engine.slots import Slot, SlotPool
 from engine.state import Snapshot
 from kvpack.accounting.counters import Accounting
@@ -51,6 +57,7 @@ from kvpack.tiers.resident import DEFAULT_BUDGET_BYTES, ResidentTier
 from kvpack.tiers.session import Tenant
 from kvpack.vault import DEFAULT_TIMEOUT_S, Vault
 
+Step = Literal["lookup", "prefill", "decode"]
 PAIRING = (
     "a local prefill from depth 0 pairs once with the first later hit on the same cut "
     "(same identity, same tokens) in the same process"
@@ -65,6 +72,7 @@ class CompletionRequest:
     stop: tuple[int, ...] = ()  # stop token ids, beside the model's end-of-sequence ids
     stop_strings: tuple[str, ...] = ()  # text that ends the generation (not returned)
     namespace: str = "default"  # tenant namespace (the server takes it from the API key)
+    top_logprobs: int | None = None  # None: no logprobs; n: each token's and n alternatives
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,16 @@ class Completion:
     tier: str  # "session" | "resident" | "durable" | "remote" | "none"
     restore_seconds: float
     prefill_seconds: float
+    logprobs: tuple[Drawn, ...] | None = None  # one per generated token, when asked for
+
+
+def run_steps(steps: Generator[Step, None, Completion]) -> Completion:
+    """Run a request's steps to the end on this thread."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
 
 
 class Service:
@@ -212,58 +230,101 @@ class Service:
         req: CompletionRequest,
         *,
         on_text: Callable[[str], None] | None = None,
+        on_token: Callable[[Drawn], None] | None = None,
         cancel: threading.Event | None = None,
     ) -> Completion:
-        """Serve one request; `on_text` receives the text as it is generated."""
+        """Serve one request; `on_text` receives the text as it is generated, `on_token`
+        each drawn token (before its text)."""
+        return run_steps(self.steps(req, on_text=on_text, on_token=on_token, cancel=cancel))
+
+    def steps(
+        self,
+        req: CompletionRequest,
+        *,
+        on_text: Callable[[str], None] | None = None,
+        on_token: Callable[[Drawn], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Generator[Step, None, Completion]:
+        """`complete` one engine step at a time (see the module docstring). The request is
+        checked before the first step; `cancel` is checked before each step."""
         if not isinstance(req.max_tokens, int) or req.max_tokens < 0:
             raise InvalidRequest("max_tokens", f"must be an int >= 0, got {req.max_tokens!r}")
         tenant = self.tenant(req.namespace)
         tokens = tenant.pool.check_tokens(req.tokens)
         if not tokens:
             raise InvalidRequest("tokens", "the prompt is empty")
+        return self._steps(tenant, tokens, req, on_text, on_token, cancel)
+
+    def _steps(
+        self,
+        tenant: Tenant,
+        tokens: list[int],
+        req: CompletionRequest,
+        on_text: Callable[[str], None] | None,
+        on_token: Callable[[Drawn], None] | None,
+        cancel: threading.Event | None,
+    ) -> Generator[Step, None, Completion]:
+        def cancelled() -> bool:
+            return cancel is not None and cancel.is_set()
+
+        base: dict[str, Any] = {
+            "prompt_tokens": len(tokens),
+            "cached_tokens": 0,
+            "tier": "none",
+            "restore_seconds": 0.0,
+            "prefill_seconds": 0.0,
+        }
+        if cancelled():  # gone before its first step: nothing to look up
+            return Completion(tokens=[], text="", finish_reason="cancelled", **base)
         chain = tenant.scope.chain(tokens)
         started = time.perf_counter()
         installed = self.ladder.serve(tenant, tokens)
         slot = installed.slot
-        prefill_seconds = self._prefill(tenant, slot, tokens, chain, cancel)
-        text = TextStream(self.loaded.tokenizer.decode, req.stop_strings)
-        base: dict[str, Any] = {
-            "prompt_tokens": len(tokens),
-            "cached_tokens": installed.depth,
-            "tier": installed.tier,
-            "restore_seconds": installed.restore_seconds,
-            "prefill_seconds": prefill_seconds,
-        }
+        yield "lookup"
+        base.update(cached_tokens=installed.depth, tier=installed.tier,
+                    restore_seconds=installed.restore_seconds)  # fmt: skip
+        base["prefill_seconds"] = yield from self._prefill(tenant, slot, tokens, chain, cancel)
         if slot.depth < len(tokens):  # cancelled mid-prefill
             return Completion(tokens=[], text="", finish_reason="cancelled", **base)
-
-        first = [True]
-
-        def on_token(token: int) -> None:
-            if first[0]:  # time to first token, for the dashboards and the status page
-                first[0] = False
-                self.accounting.observe_first_token(
-                    seconds=time.perf_counter() - started, tier=installed.tier,
-                    prompt_tokens=len(tokens), namespace=tenant.namespace,
-                )  # fmt: skip
-            delta = text.push(token)
-            if delta and on_text is not None:
-                on_text(delta)
-
+        text = TextStream(self.loaded.tokenizer.decode, req.stop_strings)
+        first_token = True
         # Nothing is published while decoding: a decoded token's K/V differ in the last
         # bits from the same token prefilled (see kvpack/service/publication.py).
-        gen = slot.generate(
+        decoding = slot.decoding(
             max_tokens=req.max_tokens,
             sampling=req.sampling,
             stop=req.stop,
-            on_token=on_token,
-            cancel=lambda: text.stopped or (cancel is not None and cancel.is_set()),
+            top_logprobs=req.top_logprobs,
         )
+        drawn_tokens: list[Drawn] = []
+        while not decoding.done:
+            if text.stopped or cancelled():
+                decoding.cancel()
+                break
+            drawn = decoding.step()
+            if drawn is not None:
+                if first_token:  # time to first token, for the dashboards and the status page
+                    first_token = False
+                    self.accounting.observe_first_token(
+                        seconds=time.perf_counter() - started, tier=installed.tier,
+                        prompt_tokens=len(tokens), namespace=tenant.namespace,
+                    )  # fmt: skip
+                drawn_tokens.append(drawn)
+                if on_token is not None:
+                    on_token(drawn)
+                delta = text.push(drawn.token)
+                if delta and on_text is not None:
+                    on_text(delta)
+            yield "decode"
         rest = text.finish()
         if rest and on_text is not None:
             on_text(rest)
+        gen = decoding.generation
         finish = "stop" if text.stopped else gen.finish_reason
-        return Completion(tokens=gen.tokens, text=text.text, finish_reason=finish, **base)
+        logprobs = tuple(drawn_tokens) if req.top_logprobs is not None else None
+        return Completion(
+            tokens=gen.tokens, text=text.text, finish_reason=finish, logprobs=logprobs, **base
+        )
 
     def _prefill(
         self,
@@ -272,15 +333,17 @@ class Service:
         tokens: list[int],
         chain: TokenChain,
         cancel: threading.Event | None,
-    ) -> float:
-        """Prefill tokens[slot.depth:], publishing at boundaries; returns compute seconds."""
+    ) -> Generator[Step, None, float]:
+        """Prefill tokens[slot.depth:] one aligned step per yield, publishing at boundaries;
+        returns the compute seconds (this request's steps only, publication excluded)."""
         start = slot.depth
         if start == len(tokens):
             return 0.0
         scope, every = tenant.scope, self.publication.durable_every
-        publication = 0.0  # seconds spent in on_boundary, not prefilling
+        compute = 0.0  # seconds of this request's finished prefill steps
+        step_started = 0.0
+        publication = 0.0  # seconds of the current step spent in on_boundary
         last: tuple[int, Snapshot, bool] | None = None  # (depth, snapshot, sent to durable)
-        t0 = time.perf_counter()
 
         def on_boundary(depth: int) -> None:
             nonlocal publication, last
@@ -288,7 +351,7 @@ class Service:
                 return
             t = time.perf_counter()
             if start == 0:
-                seconds = t - t0 - publication
+                seconds = compute + t - step_started - publication
                 self.clock.record(identity=scope.identity, chain=chain.at(depth), seconds=seconds)
             snap = slot.export()
             durable = depth % every == 0
@@ -296,22 +359,27 @@ class Service:
             last = (depth, snap, durable)
             publication += time.perf_counter() - t
 
-        slot.prefill(tokens[start:], on_boundary=on_boundary, cancel=cancel)
-        seconds = time.perf_counter() - t0 - publication
+        steps = slot.prefill_steps(tokens[start:], on_boundary=on_boundary)
+        while cancel is None or not cancel.is_set():
+            step_started, publication = time.perf_counter(), 0.0
+            if next(steps, None) is None:
+                break
+            compute += time.perf_counter() - step_started - publication
+            yield "prefill"
         self.accounting.count_prefill(
-            seconds=seconds, tokens=slot.depth - start, namespace=tenant.namespace
+            seconds=compute, tokens=slot.depth - start, namespace=tenant.namespace
         )
         if slot.depth < len(tokens):
-            return seconds
+            return compute
         # The prompt boundary: its last aligned cut and its exact cut go durable too.
         if last is not None and not last[2]:
             depth, snap, _ = last
             self.publication.cut(scope, tokens[:depth], snap, resident=False, durable=True)
         if not chain.aligned and slot.cold:
             if start == 0:
-                self.clock.record(identity=scope.identity, chain=chain.digest, seconds=seconds)
+                self.clock.record(identity=scope.identity, chain=chain.digest, seconds=compute)
             self.publication.cut(scope, tokens, slot.export(), resident=True, durable=True)
-        return seconds
+        return compute
 
     # -- reporting ----------------------------------------------------------------------
 

@@ -116,6 +116,41 @@ def test_always_failing_gives_store_unavailable(s3_config, aio):
         aio.run(store.aclose())
 
 
+def test_an_open_breaker_fails_calls_at_once_until_a_probe_is_answered(s3_config, aio):
+    """Outage memory: threshold failed attempts open the door's breaker; while it is open
+    every call fails with StoreUnavailable without reaching the client (no retry schedule),
+    a verdict (404) counts as an answer, and after the window one probe goes through and
+    its success closes the breaker."""
+    store, held = flaky_store(
+        s3_config, "get_object", 4, connection_error, max_attempts=5, breaker_threshold=2,
+        breaker_backoff_s=0.3,
+    )  # fmt: skip
+    try:
+        aio.run(store.put_if_absent("b/1", b"v"))
+        with pytest.raises(StoreUnavailable, match="circuit open"):
+            aio.run(store.get("b/1"))  # two attempts fail, the third is refused
+        assert held["client"].calls == 2 and store.breaker.state().state == "open"
+        for _ in range(5):
+            with pytest.raises(StoreUnavailable, match="circuit open"):
+                aio.run(store.get("b/1"))
+        assert held["client"].calls == 2 and store.breaker.state().skipped == 6
+        aio.run(asyncio.sleep(0.35))
+        with pytest.raises(StoreUnavailable, match="circuit open"):
+            aio.run(store.get("b/1"))  # the probe fails: open again, for twice as long
+        assert held["client"].calls == 3 and store.breaker.state().retry_in_s > 0.3
+        aio.run(asyncio.sleep(0.65))
+        with pytest.raises(StoreUnavailable):
+            aio.run(store.get("b/1"))  # the 4th failure; the 5th attempt is refused
+        aio.run(asyncio.sleep(1.25))
+        assert aio.run(store.get("b/1")) == b"v"  # the probe is answered: closed
+        assert store.breaker.state().up and held["client"].calls == 5
+        with pytest.raises(ObjectMissing):
+            aio.run(store.get("b/none"))
+        assert store.breaker.state().failures == 0
+    finally:
+        aio.run(store.aclose())
+
+
 def test_outage_is_not_a_missing_chunk(s3_config, keyring, aio):
     """ChunkStore over a failing S3 raises StoreUnavailable, never ChunkMissing (an outage
     is not a verdict on the chunk)."""

@@ -102,6 +102,7 @@ def test_any_active_key_ignores_revoked_keys(db_session):
         ("tenant", "   ", None, "namespace"),
         ("tenant", "n" * 256, None, "namespace"),
         ("tenant", "*", None, "namespace"),  # a tenant key names one namespace
+        ("admin", "acme", None, "namespace"),  # admin keys are global
         ("admin", "*", "l" * 256, "label"),
     ],
 )
@@ -118,3 +119,30 @@ def test_every_namespace_is_for_peer_and_admin_keys(db_session):
     for role in ("peer", "admin"):
         token = create(db_session, role=role, namespace="*")
         assert login(db_session, token).namespace == "*"
+
+
+def test_an_admin_row_scoped_to_one_namespace_does_not_authenticate(db_session):
+    """Branch: a row saying admin of "acme" (written by hand, or by an older version) is
+    refused: admin keys act on every tenant, so a scoped one would be a false promise."""
+    token = create(db_session, role="peer", namespace="acme")
+    row = db_session.get(ApiKeyRow, access.parse_token(token)[0])
+    row.role = "admin"
+    db_session.flush()
+    assert login(db_session, token) is None
+
+
+def test_an_unknown_key_id_costs_the_same_work_as_a_known_one(db_session, monkeypatch):
+    """Branch: unknown id vs known id with a wrong secret: each hashes the secret once and
+    compares once, so the answer's timing does not say whether the id exists."""
+    token = create(db_session)
+    key_id, _ = access.parse_token(token)
+    calls: list[str] = []
+    real_hash, real_compare = access._secret_hash, access.hmac.compare_digest
+    monkeypatch.setattr(access, "_secret_hash", lambda s: calls.append("hash") or real_hash(s))
+    monkeypatch.setattr(
+        access.hmac, "compare_digest", lambda a, b: calls.append("compare") or real_compare(a, b)
+    )
+    for probe in (f"kvp_{key_id}_wrongsecret", "kvp_0123456789abcdef_wrongsecret"):
+        calls.clear()
+        assert login(db_session, probe) is None
+        assert calls == ["hash", "compare"], probe

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 from catalog.db import make_engine, redacted
+from tests.proxy import proxy
 
 
 def test_sqlite_engine_settings(tmp_path):
@@ -33,3 +38,104 @@ def test_sqlite_engine_settings(tmp_path):
 
 def test_redacted_hides_the_password():
     assert redacted("postgresql+psycopg://u:secret@h/db") == "postgresql+psycopg://u:***@h/db"
+
+
+def test_sqlite_busy_timeout_follows_the_timeout_and_the_file_is_private(tmp_path):
+    """Branches: the busy timeout is the catalog timeout; a new catalog file is created
+    0600 in a new 0700 directory, and an existing one created 0644 is tightened."""
+    path = tmp_path / "new" / "catalog.sqlite3"
+    engine = make_engine(f"sqlite:///{path}", timeout_s=0.25)
+    try:
+        with engine.begin() as conn:
+            assert conn.execute(text("PRAGMA busy_timeout")).scalar() == 250
+    finally:
+        engine.dispose()
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert path.parent.stat().st_mode & 0o777 == 0o700
+    loose = tmp_path / "loose.sqlite3"
+    loose.touch(mode=0o644)
+    loose.chmod(0o644)
+    make_engine(f"sqlite:///{loose}").dispose()
+    assert loose.stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf")])
+def test_a_timeout_must_be_a_positive_finite_number(bad):
+    with pytest.raises(ValueError, match="timeout_s"):
+        make_engine("sqlite://", timeout_s=bad)
+
+
+@pytest.fixture
+def pg_url(tmp_path):
+    from tests.fixtures.db import DatabaseFactory
+
+    factory = DatabaseFactory("postgres", tmp_path)
+    yield factory.create()
+    factory.drop_all()
+
+
+def in_thread(fn, *, wait_s: float = 60.0):
+    """Run `fn` in a thread; (returned value or raised exception). A call that never
+    ends fails the test after `wait_s` instead of hanging the suite."""
+    done, out = threading.Event(), {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except Exception as e:  # noqa: BLE001 - handed to the test
+            out["error"] = e
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert done.wait(wait_s), f"the call did not end within {wait_s} s"
+    return out.get("value"), out.get("error")
+
+
+@pytest.mark.postgres
+def test_postgres_statement_timeout_cancels_a_long_statement(pg_url):
+    """Branch: the server's statement_timeout ends a statement that runs too long; the
+    connection stays usable."""
+    engine = make_engine(pg_url, timeout_s=1)
+    try:
+        with engine.connect() as conn:
+            assert conn.execute(text("SHOW statement_timeout")).scalar() == "1s"
+            with pytest.raises(OperationalError, match="statement timeout"):
+                conn.execute(text("SELECT pg_sleep(30)"))
+            conn.rollback()
+            assert conn.execute(text("SELECT 1")).scalar() == 1
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.postgres
+def test_postgres_that_stops_answering_fails_the_call_and_recovers_after(pg_url):
+    """Fault injection: PostgreSQL behind a TCP proxy that stops forwarding. A query on a
+    pooled connection fails at the client deadline; a reconnect right after it fails at
+    once (no second wait), one a timeout later at connect_timeout; none waits forever.
+    Once healed, the same engine answers again (the broken connection left the pool)."""
+    url = make_url(pg_url)
+    with proxy(url.host or "127.0.0.1", url.port or 5432) as p:
+        engine = make_engine(url.set(host="127.0.0.1", port=p.port).render_as_string(False),
+                             timeout_s=1)  # fmt: skip
+        try:
+            with engine.connect() as conn:
+                assert conn.execute(text("SELECT 1")).scalar() == 1
+                p.stall()
+                _, error = in_thread(lambda: conn.execute(text("SELECT 2")).scalar())
+            assert isinstance(error, OperationalError)
+            _, error = in_thread(lambda: _select(engine))
+            assert isinstance(error, OperationalError) and "not reconnecting" in str(error)
+            time.sleep(1.1)
+            connections = p.connections
+            _, error = in_thread(lambda: _select(engine))
+            assert isinstance(error, OperationalError) and p.connections == connections + 1
+            p.heal()
+            time.sleep(1.1)
+            assert in_thread(lambda: _select(engine)) == (1, None)
+        finally:
+            engine.dispose()
+
+
+def _select(engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT 1")).scalar()

@@ -215,3 +215,29 @@ def test_cold_flag_marks_states_a_cold_run_would_compute():
     assert not b.cold
     b.reset()
     assert b.cold
+
+
+def test_step_wise_prefill_and_decoding_interleave_two_slots_bit_identically():
+    """prefill_steps yields once per aligned step (the depths prefill would reach) and
+    Decoding one token per step; two slots of different pools stepped in turn on one
+    thread end with exactly the logits and tokens each computes alone."""
+    tokens_a, tokens_b = prompt(150, seed=21), prompt(70, seed=22)
+    alone = []
+    for tokens in (tokens_a, tokens_b):
+        slot = tiny_pool(1).slot(0)
+        slot.prefill(tokens)
+        gen = slot.generate(max_tokens=6, sampling=Sampling(temperature=0.8, seed=3))
+        alone.append((gen.tokens, logits_bytes(slot)))
+    a, b = tiny_pool(1).slot(0), tiny_pool(1).slot(0)
+    steps_a, steps_b = a.prefill_steps(tokens_a), b.prefill_steps(tokens_b)
+    assert [next(steps_a), next(steps_b), next(steps_a), next(steps_b)] == [64, 64, 128, 70]
+    assert list(steps_a) == [150] and list(steps_b) == []
+    sampling = Sampling(temperature=0.8, seed=3)
+    decodings = [s.decoding(max_tokens=6, sampling=sampling) for s in (a, b)]
+    while not all(d.done for d in decodings):
+        for d in decodings:
+            d.step()
+    pairs = zip(decodings, (a, b), strict=True)
+    together = [(d.generation.tokens, logits_bytes(s)) for d, s in pairs]
+    assert together == alone
+    assert all(d.generation.finish_reason == "length" and d.step() is None for d in decodings)

@@ -8,7 +8,7 @@ import http.client
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -57,7 +57,9 @@ def running(
         yield url
 
 
-def call(url: str, method: str, path: str, *, token=None, body=None, authorization=None):
+def call(
+    url: str, method: str, path: str, *, token=None, body=None, authorization=None, timeout=60
+):
     """(status, headers, parsed JSON body or raw bytes)."""
     parts = urlsplit(url)
     headers = {"Content-Type": "application/json"}
@@ -65,7 +67,7 @@ def call(url: str, method: str, path: str, *, token=None, body=None, authorizati
         headers["Authorization"] = f"Bearer {token}"
     if authorization is not None:
         headers["Authorization"] = authorization
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
     conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
     resp = conn.getresponse()
     raw = resp.read()
@@ -77,7 +79,7 @@ def call(url: str, method: str, path: str, *, token=None, body=None, authorizati
 class SlowService:
     """Fault injection around the real Service: each piece of generated text arrives
     `delay_s` late (the engine keeps computing the real thing). `generating` is set once
-    the first text is out; `completions` holds what each call returned."""
+    the first text is out; `completions` holds what each request returned."""
 
     def __init__(self, inner: Service, delay_s: float) -> None:
         self.inner, self.delay_s = inner, delay_s
@@ -87,19 +89,25 @@ class SlowService:
     def __getattr__(self, name: str) -> Any:  # the rest of the Service, unchanged
         return getattr(self.inner, name)
 
-    def complete(
+    def steps(
         self,
         req: CompletionRequest,
         *,
         on_text: Callable[[str], None] | None = None,
         cancel: threading.Event | None = None,
-    ) -> Completion:
+        **kw: Any,
+    ) -> Generator[Any, None, Completion]:
         def slow(text: str) -> None:
             self.generating.set()
             time.sleep(self.delay_s)
             if on_text is not None:
                 on_text(text)
 
-        completion = self.inner.complete(req, on_text=slow, cancel=cancel)
-        self.completions.append(completion)
-        return completion
+        inner = self.inner.steps(req, on_text=slow, cancel=cancel, **kw)
+
+        def recorded() -> Generator[Any, None, Completion]:
+            completion = yield from inner
+            self.completions.append(completion)
+            return completion
+
+        return recorded()

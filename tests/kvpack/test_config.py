@@ -122,6 +122,8 @@ SAMPLES = {  # a raw value for each setting, and what it loads as
     "producer_key_path": ("/k/producer.json", Path("/k/producer.json")),
     "peers_path": ("/k/peers.json", Path("/k/peers.json")),
     "peer_timeout_s": ("2.5", 2.5),
+    "catalog_timeout_s": ("0.5", 0.5),
+    "outage_backoff_s": ("30", 30.0),
     "s3_endpoint": ("http://minio:9000", "http://minio:9000"),
     "s3_region": ("eu-west-1", "eu-west-1"),
     "drain_timeout_s": ("12", 12.0),
@@ -149,7 +151,32 @@ def test_the_s3_keys_are_read_from_both_names_and_only_in_pairs():
     assert both["s3_secret_key"] == ("KVPACK_S3_SECRET_KEY", "AWS_SECRET_ACCESS_KEY")
     s = Settings.load(env={"KVPACK_S3_ACCESS_KEY": "a", "AWS_SECRET_ACCESS_KEY": "s"})
     assert (s.s3_access_key, s.s3_secret_key) == ("a", "s")
-    assert set(SAMPLES) | {"s3_access_key", "s3_secret_key"} == set(Settings.__dataclass_fields__)
+    keys = {"s3_access_key", "s3_secret_key", "s3_secret_key_file"}
+    assert set(SAMPLES) | keys == set(Settings.__dataclass_fields__)
+
+
+def test_the_s3_secret_comes_from_a_file_and_the_stronger_source_wins(tmp_path):
+    """Branches: a secret file's one line is the secret; a file flag beats a secret in
+    the environment (and the reverse); both from one source, an empty or unreadable file
+    are ConfigErrors naming the setting."""
+    secret = tmp_path / "secret"
+    secret.write_text("from-file\n")
+    env = {"KVPACK_S3_ACCESS_KEY": "a", "KVPACK_S3_SECRET_KEY_FILE": str(secret)}
+    loaded = Settings.load(env=env)
+    assert loaded.s3_secret_key == "from-file" and "from-file" not in repr(loaded)
+    with_env_secret = {"KVPACK_S3_ACCESS_KEY": "a", "AWS_SECRET_ACCESS_KEY": "from-env"}
+    got = Settings.load(env=with_env_secret, s3_secret_key_file=str(secret))
+    assert got.s3_secret_key == "from-file"
+    got = Settings.load(env=env, s3_secret_key="from-flag")
+    assert got.s3_secret_key == "from-flag"
+    with pytest.raises(ConfigError, match="not both") as e:
+        Settings.load(env={**env, "KVPACK_S3_SECRET_KEY": "x"})
+    assert e.value.name == "s3_secret_key_file"
+    secret.write_text("\n")
+    with pytest.raises(ConfigError, match="empty"):
+        Settings.load(env=env)
+    with pytest.raises(ConfigError, match="cannot read"):
+        Settings.load(env={**env, "KVPACK_S3_SECRET_KEY_FILE": str(tmp_path / "none")})
 
 
 def test_the_example_toml_loads_and_names_every_setting(tmp_path):
@@ -159,9 +186,38 @@ def test_the_example_toml_loads_and_names_every_setting(tmp_path):
     for name in Settings.__dataclass_fields__:
         assert f"# {name} =" in text, name
     uncommented = tmp_path / "kvpack.toml"
-    uncommented.write_text(
-        "\n".join(line[2:] if line.startswith("# ") and " = " in line else line
-                  for line in text.splitlines())
-    )  # fmt: skip
+    lines = [line[2:] if line.startswith("# ") and " = " in line else line
+             for line in text.splitlines()]  # fmt: skip
+    uncommented.write_text("\n".join(lines))
+    # The secret and its file are two ways to give one setting: the example shows both.
+    with pytest.raises(ConfigError, match="not both"):
+        Settings.load(config_file=uncommented, env={})
+    uncommented.write_text("\n".join(x for x in lines if not x.startswith("s3_secret_key_file")))
     s = Settings.load(config_file=uncommented, env={})
     assert s.store_url.is_s3 and s.s3_config().bucket
+
+
+def test_the_data_dir_is_created_0700_and_a_looser_one_is_tightened(tmp_path):
+    fresh = Settings.load(data_dir=tmp_path / "new" / "vault", env={})
+    assert fresh.ensure_data_dir().stat().st_mode & 0o777 == 0o700
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o755)
+    loose.chmod(0o755)
+    Settings.load(data_dir=loose, env={}).ensure_data_dir()
+    assert loose.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_secret_on_the_command_line_draws_a_warning_a_file_does_not(tmp_path, capsys):
+    import argparse
+
+    from kvpack.commands.common import add_storage_arguments, settings_from_args
+
+    parser = argparse.ArgumentParser()
+    add_storage_arguments(parser)
+    secret = tmp_path / "secret"
+    secret.write_text("s\n")
+    base = ["--data-dir", str(tmp_path / "v"), "--s3-access-key", "a"]
+    settings_from_args(parser.parse_args([*base, "--s3-secret-key-file", str(secret)]))
+    assert capsys.readouterr().err == ""
+    got = settings_from_args(parser.parse_args([*base, "--s3-secret-key", "s"]))
+    assert got.s3_secret_key == "s" and "visible to every user" in capsys.readouterr().err

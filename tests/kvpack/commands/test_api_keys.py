@@ -63,12 +63,14 @@ def test_revoke_stops_the_token_and_list_says_so(tmp_path, capsys):
 
 
 def test_create_refuses_a_bad_key_naming_what_is_wrong(tmp_path, capsys):
-    """No --namespace, or "*" for a tenant key: exit 2 and a message naming the field;
-    nothing is created."""
+    """No --namespace, "*" for a tenant key, one namespace for an admin key (admin keys
+    are global): exit 2 and a message naming the field; nothing is created."""
     code, out, err = keys(capsys, tmp_path, "create", "--role", "tenant")
     assert code == 2 and out == "" and "--namespace is required" in err
     code, out, err = keys(capsys, tmp_path, "create", "--role", "tenant", "--namespace", "*")
     assert code == 2 and out == "" and "namespace" in err
+    code, out, err = keys(capsys, tmp_path, "create", "--role", "admin", "--namespace", "acme")
+    assert code == 2 and out == "" and "admin keys are global" in err
     _, out, _ = keys(capsys, tmp_path, "list")
     assert out.splitlines()[1:] == []
 

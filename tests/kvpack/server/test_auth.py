@@ -95,9 +95,18 @@ def test_the_openai_client_sees_an_authentication_error(url):
         client.models.list()
 
 
-def test_healthz_needs_no_key(url):
-    status, _, health = call(url, "GET", "/healthz")
-    assert status == 200 and health["status"] == "ok"
+def test_healthz_needs_no_key_and_shows_activity_only_to_an_admin(service, url):
+    """Branches: no key, a bad key, a tenant key: liveness only (no requests in flight, no
+    publication queue, which would track other tenants' prompts); an admin key: both."""
+    activity = {"requests_in_flight", "requests_queued", "publication"}
+    tenant = new_key(service, "tenant", unique("acme"))
+    for token in (None, "kvp_0000000000000000_nosuch", tenant):
+        status, _, health = call(url, "GET", "/healthz", token=token)
+        assert status == 200 and health["status"] == "ok"
+        assert not activity & set(health), token
+    status, _, health = call(url, "GET", "/healthz", token=new_key(service, "admin", "*"))
+    assert status == 200 and activity <= set(health)
+    assert call(url, "GET", "/readyz")[0] == 200  # readiness needs no key either
 
 
 def test_a_key_revoked_while_the_server_runs_is_refused_at_once(service, url):

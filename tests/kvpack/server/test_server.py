@@ -170,13 +170,13 @@ def test_healthz_metrics_and_economics(service, url, client):
         (b"{not json", 400, None, "not valid JSON"),
         (b"[1, 2]", 400, None, "JSON object"),
         ({"model": "tiny"}, 400, "messages", "messages is required"),
-        ({"messages": "hi"}, 422, "messages", "messages must be an array"),
-        ({"messages": [{"role": "wizard", "content": "x"}]}, 422, "messages[0].role", "one of"),
-        ({"messages": [{"role": "user", "content": 5}]}, 422, "messages[0].content", "string"),
-        ({"messages": MESSAGES, "max_tokens": 0}, 422, "max_tokens", "between 1 and"),
-        ({"messages": MESSAGES, "max_tokens": "8"}, 422, "max_tokens", "an integer"),
-        ({"messages": MESSAGES, "temperature": 9}, 422, "temperature", "in [0.0, 2.0]"),
-        ({"messages": MESSAGES, "n": 2}, 422, "n", "one choice"),
+        ({"messages": "hi"}, 400, "messages", "messages must be an array"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role", "one of"),
+        ({"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content", "string"),
+        ({"messages": MESSAGES, "max_tokens": 0}, 400, "max_tokens", "in [1, 4096]"),
+        ({"messages": MESSAGES, "max_tokens": "8"}, 400, "max_tokens", "an integer"),
+        ({"messages": MESSAGES, "temperature": 9}, 400, "temperature", "in [0.0, 2.0]"),
+        ({"messages": MESSAGES, "n": 2}, 400, "n", "one choice"),
         ({"messages": MESSAGES, "model": "gpt-4"}, 404, "model", "does not exist"),
         ({"messages": [{"role": "user", "content": "x" * 9000}]}, 413, "messages", "context"),
         (
@@ -196,11 +196,13 @@ def test_bad_chat_requests_get_a_4xx_naming_what_was_wrong(url, body, status, pa
 
 
 def test_bad_completion_requests(url, client):
-    """Completions: a missing prompt (400), token ids outside the vocabulary (422, raised by
-    the engine on the worker), an unknown route (404 in the same error shape); the openai
-    client maps them to its typed errors."""
+    """Completions: a missing prompt (400), token ids outside the vocabulary (400 naming
+    the prompt, checked before the engine sees them), an unknown route (404 in the same
+    error shape); the openai client maps them to its typed errors."""
     assert post(url, "/v1/completions", {"model": "tiny"})[0] == 400
-    with pytest.raises(openai.UnprocessableEntityError, match="outside"):
+    status, reply = post(url, "/v1/completions", {"prompt": [1, 2, 99999], "max_tokens": 2})
+    assert (status, reply["error"]["param"]) == (400, "prompt")
+    with pytest.raises(openai.BadRequestError, match="token ids in"):
         client.completions.create(model="tiny", prompt=[1, 2, 99999], max_tokens=2)
     with pytest.raises(openai.BadRequestError, match="prompt is required"):
         client.completions.create(model="tiny", prompt=None, max_tokens=2)
@@ -242,7 +244,90 @@ def test_client_disconnect_cancels_the_generation(service, stream):
         else:
             assert slow.generating.wait(30)  # generation is under way
         conn.close()  # the client goes away
-        status, reply = post(base, "/v1/completions", {"prompt": "next", "max_tokens": 1})
+        status, reply = post(
+            base, "/v1/completions", {"prompt": "next", "max_tokens": 1, "temperature": 0}
+        )
     assert status == 200 and reply["usage"]["completion_tokens"] == 1
     abandoned = slow.completions[0]  # the worker is serial: it ended before "next" ran
     assert abandoned.finish_reason == "cancelled" and len(abandoned.tokens) < 200
+
+
+def test_sampling_parameters_and_logprobs_through_the_openai_client(service, client):
+    """logit_bias forces a token; chat logprobs come in OpenAI's shape, one entry per
+    completion token with its top alternatives, the drawn (greedy) token the most likely;
+    a streamed legacy completion spreads its logprobs over its chunks, one per token."""
+    forced = client.completions.create(model="tiny", prompt="x", max_tokens=4, temperature=0,
+                                       logit_bias={"65": 100})  # fmt: skip
+    assert forced.choices[0].text == "AAAA"
+    reply = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=5, temperature=0, logprobs=True,
+        top_logprobs=3, presence_penalty=0.5, frequency_penalty=0.5, seed=3,
+    )  # fmt: skip
+    content = reply.choices[0].logprobs.content
+    assert len(content) == reply.usage.completion_tokens == 5
+    for entry in content:
+        assert len(entry.top_logprobs) == 3 and entry.logprob <= 0
+        assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)
+        assert entry.bytes == list(entry.token.encode())
+    stream = client.completions.create(model="tiny", prompt="streamed logprobs", max_tokens=6,
+                                       temperature=0, logprobs=2, stream=True)  # fmt: skip
+    chunks = [c for c in stream if c.choices]
+    tokens = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    assert len(tokens) == 6
+    offsets = [
+        o for c in chunks if c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset
+    ]
+    assert offsets == sorted(offsets) and offsets[0] == 0
+
+
+def test_refused_parameters_reach_the_client_as_bad_requests(client):
+    """What is not implemented is refused (400 naming it), never silently ignored."""
+    for kw, param in (({"n": 2}, "n"), ({"response_format": {"type": "json_object"}},
+                      "response_format"), ({"extra_body": {"bogus": 1}}, "bogus")):  # fmt: skip
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=1, **kw)
+        assert e.value.body["param"] == param
+
+
+def test_readyz_reports_each_dependency(url):
+    status, body = get(url, "/readyz")
+    ready = json.loads(body)
+    assert status == 200 and ready["status"] == "ready"
+    assert {k: v["up"] for k, v in ready["dependencies"].items()} == {
+        "catalog": True, "object_store": True, "engine": True}  # fmt: skip
+
+
+def test_seeded_and_penalized_requests_repeat_cold_warm_and_durable(tmp_path):
+    """The same seeded request (top-k, min-p, penalties, logprobs) through the server gives
+    the same text and logprobs cold, warm (resident) and durable (a new server over the
+    same vault, no resident tier)."""
+    from kvpack.config import Settings
+    from kvpack.service.service import Service
+
+    settings = Settings.load(data_dir=tmp_path / "vault", alignment=64, env={})
+    body = {"prompt": "Seeded and penalized, the same three times. " * 4, "max_tokens": 12,
+            "temperature": 0.9, "top_k": 50, "min_p": 0.02, "seed": 1234, "logprobs": 2,
+            "repetition_penalty": 1.2, "frequency_penalty": 0.4}  # fmt: skip
+
+    def ask(base: str) -> tuple[str, str, list]:
+        status, reply = post(base, "/v1/completions", body)
+        assert status == 200, reply
+        choice = reply["choices"][0]
+        return reply["kvpack"]["tier"], choice["text"], choice["logprobs"]["token_logprobs"]
+
+    first = Service.open(settings, model="tiny")
+    try:
+        with running(first) as base:
+            cold = ask(base)
+            assert first.flush(30)
+            warm = ask(base)
+    finally:
+        first.close()
+    second = Service.open(settings, model="tiny", resident_budget_bytes=0)
+    try:
+        with running(second) as base:
+            durable = ask(base)
+    finally:
+        second.close()
+    assert [t for t, _, _ in (cold, warm, durable)] == ["none", "resident", "durable"]
+    assert cold[1:] == warm[1:] == durable[1:]

@@ -49,6 +49,17 @@ STORAGE_FLAGS = (  # each is the Settings field of the same name
 )
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
 class UsageError(Exception):
     """Bad input from the operator; the command prints the message and exits 2."""
 

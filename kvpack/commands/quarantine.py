@@ -39,7 +39,7 @@ def register(sub: common.Subparsers) -> None:
     storage = common.storage_parser()
     ls = actions.add_parser("list", parents=[storage], help="imports, newest first")
     ls.add_argument("--state", choices=STATES)
-    ls.add_argument("--limit", type=_positive, default=100, metavar="N",
+    ls.add_argument("--limit", type=common.positive_int, default=100, metavar="N",
                     help="at most N imports (default 100)")  # fmt: skip
     ls.add_argument("--json", action="store_true", help="one JSON object a line")
     show = actions.add_parser("show", parents=[storage],
@@ -62,16 +62,6 @@ def _quarantine(args: argparse.Namespace) -> Iterator[Quarantine]:
 
     with common.vault(common.settings(args)) as vault:
         yield Quarantine(vault)
-
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
 
 
 def _list(args: argparse.Namespace) -> int:

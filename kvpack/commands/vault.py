@@ -63,7 +63,7 @@ def register(sub: common.Subparsers) -> None:
     ls = actions.add_parser("ls", parents=both, help="cuts (--namespace filters by tenant)")
     ls.add_argument("--identity", help="an identity digest or a hex prefix of one")
     ls.add_argument("--model", help="the model name the identity was recorded with")
-    ls.add_argument("--limit", type=_positive, metavar="N", help="at most N cuts")
+    ls.add_argument("--limit", type=common.positive_int, metavar="N", help="at most N cuts")
     verify = actions.add_parser("verify", parents=both, help="check every cut, like restic check")
     verify.add_argument(
         "--read-data", action="store_true", help="open and re-hash every referenced chunk too"
@@ -96,7 +96,7 @@ def register(sub: common.Subparsers) -> None:
     condemned = actions.add_parser(
         "condemned", parents=both, help="cuts condemned after failing verification, and why"
     )
-    condemned.add_argument("--limit", type=_positive, default=50, metavar="N")
+    condemned.add_argument("--limit", type=common.positive_int, default=50, metavar="N")
     p.set_defaults(func=run)
 
 
@@ -119,16 +119,6 @@ def _typed(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 _size = _typed(parse_size)
 _duration = _typed(parse_duration)
-
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
 
 
 def _percent(text: str) -> float:

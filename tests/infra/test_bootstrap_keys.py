@@ -20,7 +20,9 @@ SCRIPT = INFRA / "bootstrap-keys.sh"
 LINE = re.compile(r"(admin|tenant) key \(namespace (\S+)\): (kvp_\S+)")
 
 
-def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+def run(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """The script with `kvpack` meaning this checkout's CLI, its data dir in tmp_path."""
     bin_dir = tmp_path / "bin"
     if not bin_dir.exists():
@@ -28,8 +30,9 @@ def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
         shim = bin_dir / "kvpack"
         shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m kvpack.cli "$@"\n')
         shim.chmod(0o755)
+    extra = env or {}
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVPACK_")}
-    env |= {
+    env |= extra | {
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "PYTHONPATH": str(ROOT),
         "KVPACK_DATA_DIR": str(tmp_path / "data"),
@@ -63,3 +66,25 @@ def test_first_start_prints_two_working_keys_and_later_starts_print_none(tmp_pat
 def test_the_tenant_namespace_is_the_scripts_argument(tmp_path):
     printed = LINE.findall(run(tmp_path, "acme").stdout)
     assert ("tenant", "acme") in [(role, ns) for role, ns, _ in printed]
+
+
+def test_a_metrics_key_file_gets_a_working_admin_key_once_and_again_when_lost(tmp_path):
+    key_file = tmp_path / "metrics" / "admin-key"
+    key_file.parent.mkdir()
+    env = {"KVPACK_METRICS_KEY_FILE": str(key_file)}
+    first = run(tmp_path, env=env)
+    token = key_file.read_text().strip()
+    assert token not in first.stdout and token not in first.stderr  # never printed
+    assert key_file.stat().st_mode & 0o777 == 0o644
+    with catalog(tmp_path) as session:
+        principal = authenticate(session=session, token=token)
+        assert principal is not None and principal.role == "admin"
+        count = len(list_keys(session=session))
+    run(tmp_path, env=env)
+    assert key_file.read_text().strip() == token
+    key_file.unlink()  # a fresh volume over the same catalog
+    run(tmp_path, env=env)
+    fresh = key_file.read_text().strip()
+    with catalog(tmp_path) as session:
+        assert fresh != token and authenticate(session=session, token=fresh) is not None
+        assert len(list_keys(session=session)) == count + 1

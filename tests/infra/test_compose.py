@@ -39,7 +39,9 @@ def flag(argv: list[str], name: str) -> str:
     return argv[argv.index(name) + 1]
 
 
-@pytest.mark.parametrize("profiles", [[], ["test"]], ids=["default", "test-profile"])
+@pytest.mark.parametrize(
+    "profiles", [[], ["test"], ["monitoring"]], ids=["default", "test-profile", "monitoring"]
+)
 def test_docker_compose_config_accepts_the_file_and_reads_it_as_yaml_does(profiles):
     tool = require_tool("docker-compose")
     args = [tool, "-f", str(COMPOSE)] + [a for p in profiles for a in ("--profile", p)]

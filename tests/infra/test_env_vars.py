@@ -1,8 +1,8 @@
 """Every KVPACK_* / AWS_* variable that infra/ sets (compose services, the image, the
 systemd unit, the launchd agent, the example environment file) is one that kvpack's
-settings or the test suites read: a misspelt or retired name would be ignored silently.
-What is read comes from the code: Settings.environment_variables() and the variables
-tests/fixtures/ look up."""
+settings, infra/'s own scripts or the test suites read: a misspelt or retired name would
+be ignored silently. What is read comes from the code: Settings.environment_variables(),
+the variables infra/*.sh expand and those tests/fixtures/ look up."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from tests.infra.files import INFRA, ROOT, Dockerfile, compose, systemd_unit
 
 PREFIX = re.compile(r"^(KVPACK|AWS)_")
 LOOKED_UP = re.compile(r"environ(?:\.get)?[(\[]\s*[\"']((?:KVPACK|AWS)_\w+)")
+EXPANDED = re.compile(r"\$\{?((?:KVPACK|AWS)_\w+)")
 ASSIGNED = re.compile(r"(?:^|[\s;])(?:export\s+)?((?:KVPACK|AWS)_\w+)=", re.MULTILINE)
 
 
@@ -22,6 +23,10 @@ def read_by_tests() -> set[str]:
     for path in (ROOT / "tests" / "fixtures").glob("*.py"):
         names |= set(LOOKED_UP.findall(path.read_text()))
     return names
+
+
+def read_by_scripts() -> set[str]:
+    return {n for path in INFRA.glob("*.sh") for n in EXPANDED.findall(path.read_text())}
 
 
 def set_by_infra() -> dict[str, set[str]]:
@@ -48,7 +53,8 @@ def test_the_test_suites_variables_are_found_in_the_fixtures():
 
 
 def test_every_variable_infra_sets_is_read_by_the_settings_or_the_tests():
-    read = set().union(*Settings.environment_variables().values()) | read_by_tests()
+    read = set().union(*Settings.environment_variables().values())
+    read |= read_by_scripts() | read_by_tests()
     found = set_by_infra()
     for name in ("compose.yaml", "Dockerfile", "kvpack.service", "kvpack.plist"):
         assert found[name], f"no KVPACK_* variable found in {name}: is the parser still right?"

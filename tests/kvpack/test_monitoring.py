@@ -1,13 +1,14 @@
 """The monitoring files in infra/ point at what kvpack exposes: every metric the Grafana
 dashboard queries is on /metrics (with the vault gauges read), the Prometheus example
-scrapes /metrics with an admin key, and the compose layer mounts files that exist."""
+scrapes /metrics with the admin key compose's kvpack-keys writes, and compose's
+monitoring profile mounts files that exist."""
 
 from __future__ import annotations
 
 import json
 import re
 from datetime import UTC, datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import yaml
 from sqlalchemy.orm import Session
@@ -16,11 +17,11 @@ from catalog import quotas
 from kvpack.maintainer import Maintainer
 from kvpack.service.service import CompletionRequest
 from tests.engine.slotkit import prompt
+from tests.infra.files import compose
 
 INFRA = Path(__file__).resolve().parents[2] / "infra"
 DASHBOARD = INFRA / "grafana" / "dashboards" / "kvpack.json"
 SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
-OPERATOR_MADE = {"./kvpack-admin-key"}  # `kvpack api-keys create ... > infra/kvpack-admin-key`
 
 
 def exposed_families(settings, open_service) -> set[str]:
@@ -64,16 +65,21 @@ def test_prometheus_scrapes_metrics_with_an_admin_key_and_compose_mounts_what_ex
     prom = yaml.safe_load((INFRA / "prometheus.yml").read_text())
     job = next(j for j in prom["scrape_configs"] if j["job_name"] == "kvpack")
     assert job["metrics_path"] == "/metrics" and job["authorization"]["type"] == "Bearer"
-    compose = yaml.safe_load((INFRA / "compose.monitoring.yaml").read_text())
-    mounted = {}
-    for service in compose["services"].values():
-        for volume in service.get("volumes", ()):
-            source, target = volume.split(":")[:2]
-            if source.startswith("./"):
-                mounted[source] = target
-                assert source in OPERATOR_MADE or (INFRA / source).exists(), source
-    assert mounted["./prometheus.yml"] == "/etc/prometheus/prometheus.yml"
-    assert job["authorization"]["credentials_file"] == mounted["./kvpack-admin-key"]
+    services = compose()["services"]
+    assert {"prometheus", "grafana"} <= {
+        n for n, s in services.items() if "monitoring" in s.get("profiles", ())
+    }
+    mounts = {
+        name: dict(v.split(":")[:2] for v in s.get("volumes", ())) for name, s in services.items()
+    }
+    for source in (s for m in mounts.values() for s in m if s.startswith("./")):
+        assert (INFRA / source).exists(), source
+    assert mounts["prometheus"]["./prometheus.yml"] == "/etc/prometheus/prometheus.yml"
+    # The key kvpack-keys writes is the file Prometheus reads, through one volume.
+    written = PurePosixPath(services["kvpack-keys"]["environment"]["KVPACK_METRICS_KEY_FILE"])
+    volume = next(v for v, at in mounts["kvpack-keys"].items() if at == str(written.parent))
+    read = PurePosixPath(mounts["prometheus"][volume]) / written.name
+    assert job["authorization"]["credentials_file"] == str(read)
     datasource = yaml.safe_load(
         (INFRA / "grafana/provisioning/datasources/prometheus.yaml").read_text()
     )["datasources"][0]

@@ -4,6 +4,10 @@
   K/V for tokens [i*A, i*A + length)), "ring" (every sliding-window layer's buffers as
   they lie in memory) or "logits" (the witnessed final logits, [vocab]). A role's kind is
   the text before "/"; each kind has one codec module (engine/codec/).
+- part digest: the digest a part's frame carries (engine/codec/frame.py: BLAKE3 of its
+  header and payload), on a Part that came from a frame — decoded, or landed in an
+  intake — and None on one exported from a live slot. Equal digests are equal parts, so
+  a holder can intern parts by it without hashing them again.
 - layout: the JSON-able description of a cut that the vault keeps in the signed manifest:
   the head — "format", "identity" (hex), "depth", "alignment" — then what each kind
   records: "capacity" and "blocks" (one entry per block part), "ring" (each sliding
@@ -12,14 +16,14 @@
 - Snapshot: a cut in memory — identity digest, depth, alignment, layout and the parts in
   encode order (blocks, ring, logits). Its arrays are evaluated views of the live cache,
   not copies: MLX arrays are values, so a later write into the slot replaces the cache's
-  buffer and never the one a snapshot references. Built by `Slot.export` or decoded from
-  Planes (engine/format.py), which both give a well-formed layout; treat it as read-only.
+  buffer and never the one a snapshot references — but it keeps that buffer alive, the
+  capacity a full layer's cache has beyond the cut included. Built by `Slot.export`, by
+  an intake or decoded from Planes (engine/format.py), which all give a well-formed
+  layout; treat it as read-only.
+- source: a cut whose layout is verified and whose bytes are still to be read
+  (engine/intake.py's Source): Slot.restore makes an intake for it and lets it fill it.
 - Planes: a cut as bytes — the layout and one encoded part (a frame, engine/codec/frame.py)
   per role. What the vault stores: the layout in the manifest, one chunk per part.
-- SlotState: one session's caches, token history and witnessed logits (a slot holds one
-  and a restore swaps in another; engine/slots.py).
-- pool shape: what a cut is checked against and installed into — the identity,
-  alignment, KV layout and logits of the model a slot pool runs (SlotPool is one).
 
   `verified` says the bytes were checked against a content digest before they got here
   (the durable tier's chunks are tag-verified and re-hashed by cas): decode then skips
@@ -80,6 +84,7 @@ class Part:
     role: str
     arrays: tuple[mx.array, ...]  # evaluated
     fields: Mapping[str, Any]  # the part header's fields (index/length, layers...)
+    digest: bytes | None = None  # its frame's digest, when it came from a frame
 
     @property
     def kind(self) -> str:

@@ -65,9 +65,7 @@ class Intake:
         # A cut without logits serves only as an aligned ancestor; the request's own mode
         # is checked again by restore.
         gate(pool, snap, depth=snap.depth, mode="exact" if snap.logits_witnessed else "ancestor")
-        # Allocates, now that the layout passed the gate; the parts are views of the
-        # buffers, evaluated too, so that any thread may read them once filled.
-        mx.eval(self._shadow.arrays(), snap.arrays())
+        mx.eval(self._shadow.arrays())  # allocates, now that the layout passed the gate
         self.snapshot = snap
         self._heads: dict[str, tuple[bytes, memoryview]] = {}
         self._segments: dict[str, list[memoryview]] = {}
@@ -76,6 +74,11 @@ class Intake:
             landed = memoryview(bytearray(len(expected) + frame.DIGEST_SIZE))
             self._heads[part.role] = (expected, landed)
             self._segments[part.role] = [landed, *codec.segments(pool, part, self._shadow)]
+
+    @property
+    def taken(self) -> bool:
+        """Whether a restore took the shadow (then `snapshot` carries the parts' digests)."""
+        return self._shadow is None
 
     @property
     def roles(self) -> list[str]:
@@ -113,6 +116,9 @@ class Intake:
             for p in self.snapshot.parts
         )
         self.snapshot = dataclasses.replace(self.snapshot, parts=parts)
+        # The parts are views of the filled buffers: evaluated here, on the thread that
+        # runs MLX, so that any thread may read them (not before the bytes landed).
+        mx.eval(self.snapshot.arrays())
         return self.snapshot, shadow
 
 

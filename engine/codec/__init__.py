@@ -137,9 +137,7 @@ def decode(planes: Planes, *, reuse: Reuse | None = None) -> Snapshot:
         header, arrays = frame.decode_part(role, data, verified=planes.verified)
         if header.get("kind") != name:
             raise PlanesInvalid(role, f"part is a {header.get('kind')!r}, role says {name!r}")
-        decoded[role] = dataclasses.replace(
-            kind.decode(role, entry, header, arrays), digest=digest
-        )
+        decoded[role] = dataclasses.replace(kind.decode(role, entry, header, arrays), digest=digest)
     parts = tuple(decoded[role] for role in owners)
     return Snapshot(identity, depth, alignment, planes.layout, parts)
 

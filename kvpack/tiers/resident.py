@@ -199,7 +199,7 @@ class ResidentTier:
             snapshot=dataclasses.replace(
                 snap, layout=layout, parts=tuple(i.part for i in interned)
             ),
-            parts=tuple((i.part.role, i) for i in interned),
+            parts=tuple((p.role, i) for p, i in zip(snap.parts, interned, strict=True)),
         )
         needed = sum(len(p) for p in held.unique_parts.values())
         with self._lock:

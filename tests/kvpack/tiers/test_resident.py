@@ -369,9 +369,9 @@ def test_a_view_of_a_larger_buffer_is_held_as_its_own_bytes():
     view = big[BLOCK : 2 * BLOCK]
     mx.eval(view)
     payload = bytes(memoryview(view))
-    given = snapshot(ID_A, BASE[:4], [])
-    given = Snapshot(given.identity, 4, A, given.layout,
-                     (Part("kv", (view,), {}, digest=blake3.blake3(payload).digest()),))  # fmt: skip
+    layout = snapshot(ID_A, BASE[:4], []).layout
+    viewed = Part("kv", (view,), {}, digest=blake3.blake3(payload).digest())
+    given = Snapshot(ID_A.identity.raw, 4, A, layout, (viewed,))
     cut = tier.hold(ID_A, BASE[:4], given)
     (held,) = cut.snapshot.parts[0].arrays
     assert bytes(memoryview(held)) == payload

@@ -56,6 +56,15 @@ Copies per byte from the object store to the slot, on the durable read path:
   the part buffer), and 1 more for an array not naturally aligned in its frame (the frame
   header's length decides; MLX views must be aligned to their dtype). Local: block bytes
   3, ring and logits bytes 2; S3 one more each.
+The durable tier restores through an intake (kvpack/tiers/durable.py's CutReader).
+
+Copies per byte in the resident tier (kvpack/tiers/resident.py), which holds Snapshots:
+holding Planes decodes each part it does not hold yet once (1, into MLX; 0 for a part
+held already, named by its part digest); holding the Snapshot a durable hit installed
+copies each such part once (1, off the response path: its arrays are views of the slot's
+buffers, which it must not keep alive). A resident hit copies block bytes once (install
+joins them into the KV cache) and ring and logits bytes not at all; nothing is decoded
+or hashed.
 """
 
 from __future__ import annotations

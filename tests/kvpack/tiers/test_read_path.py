@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import mlx.core as mx
 import pytest
 
 import engine.codec as codec
@@ -231,3 +232,19 @@ def test_a_bad_read_mid_restore_leaves_the_slot_untouched_and_recomputes(
         svc.close()
     finally:
         vault.close()
+
+
+def test_the_mlx_cache_limit_setting_is_applied_when_a_service_opens(tmp_path, open_service):
+    """Branch: mlx_cache_limit sets MLX's process-wide cache limit (restores then reuse
+    freed buffers); unset, the service leaves MLX's own limit alone."""
+    original = mx.set_cache_limit(1 << 20)
+    try:
+        open_service(Settings.load(data_dir=tmp_path / "a", alignment=TINY_A, env={}))
+        assert mx.set_cache_limit(1 << 20) == 1 << 20  # left alone
+        limited = Settings.load(
+            data_dir=tmp_path / "b", alignment=TINY_A, env={"KVPACK_MLX_CACHE_LIMIT": "3MiB"}
+        )
+        open_service(limited)
+        assert mx.set_cache_limit(original) == 3 << 20
+    finally:
+        mx.set_cache_limit(original)

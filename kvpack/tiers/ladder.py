@@ -172,7 +172,10 @@ class Ladder:
         return result, receipt
 
     def _fill(self, ask: Ask, depth: int, cut: Snapshot | Planes) -> None:
-        """Hold state a slower tier served in every cache (off the response path)."""
+        """Hold state a slower tier served in every cache (off the response path). A
+        reader's Snapshot is views of the slot's buffers: the cache copies what it does
+        not hold yet, and while that job holds them the slot's next write into a buffer
+        copies that buffer first (MLX arrays are values), once."""
         tokens = ask.tokens[:depth]
         for cache in self.caches:
             self.background.submit(

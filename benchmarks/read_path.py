@@ -1,6 +1,7 @@
 """The read path, before and after its readers: one cut of a model restored into a slot.
 
     .venv/bin/python benchmarks/read_path.py [--model smollm2] [--depth 2048] [--rounds 5]
+        [--mlx-cache-limit 2GiB]
 
 Publishes the exact cut of a `depth`-token prompt into a fresh embedded vault (local
 directory + SQLite, in a temporary folder), then times, interleaved over `rounds`
@@ -39,9 +40,11 @@ def main() -> None:
     args.add_argument("--model", default="smollm2")
     args.add_argument("--depth", type=int, default=2048)
     args.add_argument("--rounds", type=int, default=5)
+    args.add_argument("--mlx-cache-limit", help="the mlx_cache_limit setting (unset: MLX's)")
     opts = args.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        settings = Settings.load(data_dir=Path(tmp) / "vault", env={})
+        limit = {"mlx_cache_limit": opts.mlx_cache_limit} if opts.mlx_cache_limit else {}
+        settings = Settings.load(data_dir=Path(tmp) / "vault", env={}, **limit)
         svc = Service.open(settings, model=opts.model)
         try:
             run(svc, opts.depth, opts.rounds)

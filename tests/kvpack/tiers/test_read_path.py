@@ -10,6 +10,7 @@ import asyncio
 from types import SimpleNamespace
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
 import engine.codec as codec
@@ -134,22 +135,36 @@ def test_cuts_that_share_parts_hold_them_once_and_decode_only_the_new(settings, 
 
 
 def test_a_promoted_durable_hit_keeps_no_slot_buffer_alive(settings, open_service):
-    """Branch: holding the Snapshot a durable hit installed copies each part not held yet
-    into buffers of its own (an intake's blocks are views of the slot's whole KV buffer),
-    so the tier counts exactly what it keeps and the slot's buffers are not among it."""
+    """Branch: holding the Snapshot a durable reader was installed as copies each part not
+    held yet into buffers of its own (an intake's blocks are views of the slot's whole KV
+    buffer), so the tier counts exactly what it keeps and no held array lies in a buffer
+    of the slot's."""
     first = open_service(settings)
     ask(first, P)
     assert first.flush(30)
     first.close()
-    svc = open_service(settings)
-    assert ask(svc, P).tier == "durable"
-    assert svc.flush(30)
-    cut = svc.resident.find(Ask.of(svc.tenant("default").scope, P)).handle
-    slot = svc.tenant("default").pool.slot(0)
-    buffers = {memoryview(c.keys).obj for c in slot.state.cache}
-    held = [a for p in cut.snapshot.parts for a in p.arrays]
-    assert all(a is not b for a in held for b in buffers)
-    assert svc.resident.resident_bytes == sum(a.nbytes for a in held)
+    svc = open_service(settings, resident_budget_bytes=0)
+    scope, slot = svc.tenant("default").scope, svc.tenant("default").pool.slot(0)
+    reader = CutReader.open(svc.vault, svc.vault.find(scope, scope.chain(P)), scope)
+    installed = slot.restore(reader, prompt=P)
+    assert reader.installed is installed
+    svc.resident.set_budget(1 << 30)
+    cut = svc.resident.hold(scope, P, installed)
+
+    def span(a: mx.array) -> tuple[int, int]:
+        start = np.asarray(a).ctypes.data
+        return start, start + a.nbytes
+
+    buffers = [span(b) for c in slot.state.cache for b in (c.keys, c.values)]
+    assert any(lo <= span(a)[0] < hi for a in installed.arrays() for lo, hi in buffers)
+    held = cut.snapshot.arrays()
+    assert not any(lo <= span(a)[0] < hi for a in held for lo, hi in buffers)
+    assert svc.resident.resident_bytes == sum(a.nbytes for a in held) == installed.nbytes
+    assert physical_parts(cut.snapshot) == physical_parts(installed)
+
+
+def physical_parts(snap) -> list[bytes]:
+    return [np.asarray(a).tobytes() for a in snap.arrays()]
 
 
 # -- a store that fails in the middle of a durable restore -------------------------------

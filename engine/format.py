@@ -19,6 +19,8 @@ def encode(snapshot: Snapshot) -> Planes:
     return codec.encode(snapshot)
 
 
-def decode(planes: Planes) -> Snapshot:
-    """The Snapshot that `encode` produced; PlanesInvalid / PlaneCorrupt otherwise."""
-    return codec.decode(planes)
+def decode(planes: Planes, *, reuse: codec.Reuse | None = None) -> Snapshot:
+    """The Snapshot that `encode` produced; PlanesInvalid / PlaneCorrupt otherwise. Each
+    part carries its frame's digest; `reuse(role, digest)` may hand back a part decoded
+    before from an equal frame, which is then not decoded again."""
+    return codec.decode(planes, reuse=reuse)

@@ -10,7 +10,14 @@
   before the bytes arrive — it is what the engine itself writes for the gated arrays — so
   the head lands in a small buffer and must then match exactly. The frame digest lands in
   another and is not checked: an intake takes only bytes verified against a content
-  digest (cas re-hashes every chunk it returns).
+  digest (cas re-hashes every chunk it returns). Once restored, the intake's Snapshot
+  carries each part's landed digest (engine/state.py's part digest).
+- source: a cut whose layout comes from a verified manifest and whose bytes are still in
+  the store (the vault's durable reader is one): `layout`, `depth`, and `fill(intake)`,
+  which reads every part straight into `intake.destinations(...)`, verified, or raises.
+  `Slot.restore(source)` and engine.interop.to_mlx_lm make the intake on their own
+  thread, let the source fill it, then restore it; a source that raises leaves the slot
+  as it was.
 
 Flow: `intake = slot.intake(layout)` on the thread that runs MLX (it allocates); a reader
 fills `intake.destinations(parts)` from any thread (cas ChunkStore.get_into with
@@ -23,8 +30,9 @@ scratch, decryption).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import mlx.core as mx
 
@@ -33,6 +41,18 @@ from engine.codec import frame
 from engine.errors import PlanesInvalid, RestoreRefused
 from engine.restore import gate
 from engine.state import PoolShape, SlotState, Snapshot
+
+
+class Source(Protocol):
+    """A verified cut's layout and a reader for its bytes (see the module words)."""
+
+    @property
+    def layout(self) -> Mapping[str, Any]: ...
+
+    @property
+    def depth(self) -> int: ...
+
+    def fill(self, intake: Intake) -> None: ...
 
 
 class Intake:
@@ -52,8 +72,13 @@ class Intake:
         for part in snap.parts:
             expected = frame.head(part.kind, part.arrays, **part.fields)
             landed = memoryview(bytearray(len(expected) + frame.DIGEST_SIZE))
-            self._heads[part.role] = (expected, landed[: len(expected)])
+            self._heads[part.role] = (expected, landed)
             self._segments[part.role] = [landed, *codec.segments(pool, part, self._shadow)]
+
+    @property
+    def taken(self) -> bool:
+        """Whether a restore took the shadow (then `snapshot` carries the parts' digests)."""
+        return self._shadow is None
 
     @property
     def roles(self) -> list[str]:
@@ -84,6 +109,23 @@ class Intake:
             raise RestoreRefused("intake already restored")
         heads, self._heads, self._segments = self._heads, {}, {}  # the slot's, from now on
         for role, (expected, landed) in heads.items():
-            if landed != expected:
+            if landed[: len(expected)] != expected:
                 raise PlanesInvalid(role, "part is not the frame this engine expects here")
+        parts = tuple(
+            dataclasses.replace(p, digest=bytes(heads[p.role][1][-frame.DIGEST_SIZE :]))
+            for p in self.snapshot.parts
+        )
+        self.snapshot = dataclasses.replace(self.snapshot, parts=parts)
+        # The parts are views of the filled buffers: evaluated here, on the thread that
+        # runs MLX, so that any thread may read them (not before the bytes landed).
+        mx.eval(self.snapshot.arrays())
         return self.snapshot, shadow
+
+
+def read(pool: PoolShape, source: Source) -> tuple[Snapshot, SlotState]:
+    """A source's cut as a filled, checked shadow: the intake made here (on the thread
+    that runs MLX), filled by the source, taken. Whatever the source raises propagates
+    and the intake is dropped."""
+    intake = Intake(pool, source.layout)
+    source.fill(intake)
+    return intake.take(pool)

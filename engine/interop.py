@@ -6,8 +6,9 @@
   (`prompt_cache=`), updating it in place.
 - PromptCache: such a list (`caches`) with the depth it holds and the cut's witnessed
   final logits (None when the cut had none).
-- to_mlx_lm(pool, cut): a Snapshot or Planes of the pool's identity as a fresh
-  PromptCache, through the restore gate and the install a slot restore uses.
+- to_mlx_lm(pool, cut): a Snapshot, Planes or Source of the pool's identity as a fresh
+  PromptCache, through the restore gate and the install (or the intake) a slot restore
+  uses.
 - from_mlx_lm(pool, caches, tokens=, logits=): caches holding `tokens` as a Snapshot of
   the pool's identity, through the same gate: refused (a RestoreRefused) unless they fit
   the model, the depth and the alignment. The Snapshot's arrays are views of the caches;
@@ -50,6 +51,7 @@ import mlx.nn as nn
 
 from engine import codec
 from engine.errors import EngineError, InvalidRequest, RestoreRefused, ShapeMismatch
+from engine.intake import Source, read
 from engine.restore import build_shadow, gate
 from engine.slots import aligned_steps, cache_arrays
 from engine.state import Planes, SlotState, Snapshot
@@ -75,13 +77,21 @@ def resumes(depth: int, *, prompt_len: int, alignment: int) -> bool:
     return 0 < depth < prompt_len and (depth % alignment == 0 or depth == prompt_len - 1)
 
 
-def to_mlx_lm(pool: SlotPool, cut: Snapshot | Planes) -> PromptCache:
-    """`cut` (decoded first when Planes) as fresh mlx-lm caches of the pool's model.
-    Gated as a restore is: an aligned cut as an ancestor, any other as an exact cut (so it
-    needs witnessed logits); a RestoreRefused when it does not fit."""
-    snap = codec.decode(cut) if isinstance(cut, Planes) else cut
+def to_mlx_lm(pool: SlotPool, cut: Snapshot | Planes | Source) -> PromptCache:
+    """`cut` (decoded first when Planes, read into an intake when a Source) as fresh
+    mlx-lm caches of the pool's model. Gated as a restore is: an aligned cut as an
+    ancestor, any other as an exact cut (so it needs witnessed logits); a RestoreRefused
+    when it does not fit."""
+    shadow = None
+    if isinstance(cut, Planes):
+        snap = codec.decode(cut)
+    elif isinstance(cut, Snapshot):
+        snap = cut
+    else:
+        snap, shadow = read(pool, cut)  # the intake's shadow is a fresh set of caches
     gate(pool, snap, depth=snap.depth, mode="ancestor" if snap.aligned else "exact")
-    shadow = build_shadow(pool, snap, [])  # the caches hold no token ids
+    if shadow is None:
+        shadow = build_shadow(pool, snap, [])  # the caches hold no token ids
     return PromptCache(shadow.cache, snap.depth, shadow.logits)
 
 

@@ -9,8 +9,9 @@
 - SlotState: the three together. A slot holds one SlotState reference; restore swaps in a
   new one with a single assignment, so no reader ever sees a half-installed state.
 - cut: `Slot.export()` gives the slot's state as a Snapshot; `Slot.restore(cut, prompt=)`
-  installs a Snapshot or Planes (engine/state.py), or an Intake a reader has filled in
-  place (engine/intake.py, from `Slot.intake(layout)`), for the request `prompt`.
+  installs a Snapshot or Planes (engine/state.py), an Intake a reader has filled in
+  place (engine/intake.py, from `Slot.intake(layout)`), or a Source (which fills an
+  intake made for it), for the request `prompt`.
 - aligned prefill: tokens go through the model in steps that end on absolute multiples of
   A (first up to the next multiple, then whole A-sized steps, then the remainder), so an
   aligned cut restored and prefilled to the end computes exactly what a cold run computes.
@@ -32,7 +33,7 @@ import mlx.core as mx
 
 from engine import codec, restore
 from engine.errors import EmptySlot, InvalidRequest, LogitsMissing, ShapeMismatch
-from engine.intake import Intake
+from engine.intake import Intake, Source, read
 from engine.layout import KVLayout, dtype_name
 from engine.sampling import GREEDY, Drawn, Sampler, Sampling
 from engine.state import Planes, SlotState, Snapshot
@@ -117,15 +118,22 @@ class Slot:
         RestoreRefused when the layout does not fit this slot's pool."""
         return Intake(self.pool, layout)
 
-    def restore(self, cut: Snapshot | Planes | Intake, *, prompt: Sequence[int]) -> Snapshot:
+    def restore(
+        self, cut: Snapshot | Planes | Intake | Source, *, prompt: Sequence[int]
+    ) -> Snapshot:
         """Install `cut` as the first cut.depth tokens of the request `prompt` (which the
         caller has matched to the cut's token chain): "exact" when it covers the whole
         prompt, else "ancestor" (then prefill the rest). Planes are decoded first; a
-        filled Intake is checked and taken as it is. Returns the installed Snapshot;
-        raises a RestoreRefused with the slot unchanged when the cut does not decode or
-        fit — a cut deeper than the prompt is a ShapeMismatch."""
+        filled Intake is checked and taken as it is; a Source fills an intake made here
+        (whatever it raises propagates). Returns the installed Snapshot; raises a
+        RestoreRefused with the slot unchanged when the cut does not decode or fit — a
+        cut deeper than the prompt is a ShapeMismatch."""
         shadow = None
-        if isinstance(cut, Intake):
+        if not isinstance(cut, Snapshot | Planes | Intake):
+            if cut.depth > len(prompt):  # before reading a byte
+                raise ShapeMismatch("depth (prompt tokens)", f"<= {len(prompt)}", cut.depth)
+            snapshot, shadow = read(self.pool, cut)
+        elif isinstance(cut, Intake):
             snapshot, shadow = cut.take(self.pool)
         else:
             snapshot = codec.decode(cut) if isinstance(cut, Planes) else cut

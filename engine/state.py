@@ -4,6 +4,10 @@
   K/V for tokens [i*A, i*A + length)), "ring" (every sliding-window layer's buffers as
   they lie in memory) or "logits" (the witnessed final logits, [vocab]). A role's kind is
   the text before "/"; each kind has one codec module (engine/codec/).
+- part digest: the digest a part's frame carries (engine/codec/frame.py: BLAKE3 of its
+  header and payload), on a Part that came from a frame — decoded, or landed in an
+  intake — and None on one exported from a live slot. Equal digests are equal parts, so
+  a holder can intern parts by it without hashing them again.
 - layout: the JSON-able description of a cut that the vault keeps in the signed manifest:
   the head — "format", "identity" (hex), "depth", "alignment" — then what each kind
   records: "capacity" and "blocks" (one entry per block part), "ring" (each sliding
@@ -12,14 +16,14 @@
 - Snapshot: a cut in memory — identity digest, depth, alignment, layout and the parts in
   encode order (blocks, ring, logits). Its arrays are evaluated views of the live cache,
   not copies: MLX arrays are values, so a later write into the slot replaces the cache's
-  buffer and never the one a snapshot references. Built by `Slot.export` or decoded from
-  Planes (engine/format.py), which both give a well-formed layout; treat it as read-only.
+  buffer and never the one a snapshot references — but it keeps that buffer alive, the
+  capacity a full layer's cache has beyond the cut included. Built by `Slot.export`, by
+  an intake or decoded from Planes (engine/format.py), which all give a well-formed
+  layout; treat it as read-only.
+- source: a cut whose layout is verified and whose bytes are still to be read
+  (engine/intake.py's Source): Slot.restore makes an intake for it and lets it fill it.
 - Planes: a cut as bytes — the layout and one encoded part (a frame, engine/codec/frame.py)
   per role. What the vault stores: the layout in the manifest, one chunk per part.
-- SlotState: one session's caches, token history and witnessed logits (a slot holds one
-  and a restore swaps in another; engine/slots.py).
-- pool shape: what a cut is checked against and installed into — the identity,
-  alignment, KV layout and logits of the model a slot pool runs (SlotPool is one).
 
   `verified` says the bytes were checked against a content digest before they got here
   (the durable tier's chunks are tag-verified and re-hashed by cas): decode then skips
@@ -52,6 +56,15 @@ Copies per byte from the object store to the slot, on the durable read path:
   the part buffer), and 1 more for an array not naturally aligned in its frame (the frame
   header's length decides; MLX views must be aligned to their dtype). Local: block bytes
   3, ring and logits bytes 2; S3 one more each.
+The durable tier restores through an intake (kvpack/tiers/durable.py's CutReader).
+
+Copies per byte in the resident tier (kvpack/tiers/resident.py), which holds Snapshots:
+holding Planes decodes each part it does not hold yet once (1, into MLX; 0 for a part
+held already, named by its part digest); holding the Snapshot a durable hit installed
+copies each such part once (1, off the response path: its arrays are views of the slot's
+buffers, which it must not keep alive). A resident hit copies block bytes once (install
+joins them into the KV cache) and ring and logits bytes not at all; nothing is decoded
+or hashed.
 """
 
 from __future__ import annotations
@@ -80,6 +93,7 @@ class Part:
     role: str
     arrays: tuple[mx.array, ...]  # evaluated
     fields: Mapping[str, Any]  # the part header's fields (index/length, layers...)
+    digest: bytes | None = None  # its frame's digest, when it came from a frame
 
     @property
     def kind(self) -> str:

@@ -30,6 +30,9 @@ names come after kvpack's own), its parser and its default.
     gc_grace_s        KVPACK_GC_GRACE       how long an unreferenced chunk is kept ("1h")
     quarantine_retention_s  KVPACK_QUARANTINE_RETENTION  quarantined imports kept ("7d")
     verify_interval_s KVPACK_VERIFY_INTERVAL  the maintainer's verify interval (0: off)
+    mlx_cache_limit   KVPACK_MLX_CACHE_LIMIT  freed memory MLX keeps for reuse ("2GiB";
+                                            unset: MLX's own default). Restores reuse it
+                                            instead of faulting in fresh zeroed pages.
 
 The data dir is created 0700 (and tightened to 0700 if it was looser). S3 secrets are
 best given by the environment or a file: a secret on a command line is visible to every
@@ -104,6 +107,7 @@ class Settings:
     quarantine_retention_s: float = DEFAULT_QUARANTINE_RETENTION_S
     verify_interval_s: float = 0.0
     s3_secret_key_file: Path | None = None
+    mlx_cache_limit: int | None = None
 
     def __repr__(self) -> str:  # never print a secret
         secret = "***" if self.s3_secret_key else None
@@ -329,6 +333,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("verify_interval_s", ("KVPACK_VERIFY_INTERVAL",), _duration, lambda v: 0.0),
     Setting("s3_secret_key_file", ("KVPACK_S3_SECRET_KEY_FILE",), _path, lambda v: None),
+    Setting("mlx_cache_limit", ("KVPACK_MLX_CACHE_LIMIT",), _size, lambda v: None),
 )
 
 

@@ -44,8 +44,8 @@ from catalog.forget import ForgetReport, Selector, forget
 from catalog.gc import GcReport, collect
 from catalog.ids import IdentityDigest, ManifestId
 from catalog.ledger import PairedTiming
-from catalog.manifest import Manifest
-from catalog.publish import LoadedCut, load_cut, publish
+from catalog.manifest import Manifest, SealedManifest
+from catalog.publish import LoadedCut, load_cut, load_parts, open_cut, publish
 from catalog.queries import Cut
 from catalog.scope import Scope
 from catalog.signing import MANIFEST_DOMAIN, Bundle, ProducerKeys
@@ -199,6 +199,19 @@ class Vault:
             identity=scope.identity,
         )  # fmt: skip
         return self.run(coro)
+
+    def open_cut(self, cut: Cut, scope: Scope) -> SealedManifest:
+        """The cut's manifest object, its MAC and its agreement with the row, verified;
+        no chunk is read (catalog/publish.py open_cut)."""
+        chunks = self.chunks(scope.namespace)
+        return self.run(open_cut(chunks, self.keyring, cut, scope.identity))
+
+    def load_into(
+        self, manifest: Manifest, scope: Scope, into: Sequence[Sequence[memoryview]]
+    ) -> None:
+        """Every chunk of a verified manifest fetched concurrently, verified and decrypted
+        straight into `into` (each part's segments, in manifest order)."""
+        self.run(load_parts(chunks=self.chunks(scope.namespace), manifest=manifest, into=into))
 
     def publish(
         self,

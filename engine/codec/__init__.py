@@ -36,7 +36,8 @@ Decoding never lets the data choose code: kinds come from KINDS, dtypes from fra
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import mlx.core as mx
@@ -102,9 +103,14 @@ def encode(snap: Snapshot) -> Planes:
     return Planes(snap.layout, parts)
 
 
-def decode(planes: Planes) -> Snapshot:
+Reuse = Callable[[str, bytes], Part | None]  # (role, frame digest) -> a Part held already
+
+
+def decode(planes: Planes, *, reuse: Reuse | None = None) -> Snapshot:
     """The Snapshot that `encode` produced; PlanesInvalid / PlaneCorrupt on anything else.
-    Parts come back in the layout's order, whatever order they were given in."""
+    Parts come back in the layout's order, whatever order they were given in, each with
+    its frame's digest. `reuse(role, digest)`: a part decoded before from a frame with
+    that digest, taken instead of decoding this one (equal digests, equal frames)."""
     identity, depth, alignment = head(planes.layout)
     owners: dict[str, tuple[CacheKind, Mapping[str, Any]]] = {}
     for kind in KINDS.values():
@@ -123,10 +129,15 @@ def decode(planes: Planes) -> Snapshot:
             raise PlanesInvalid(role, f"unknown part kind {name!r}")
         if name != kind.KIND:
             raise PlanesInvalid(role, f"a {name!r} part where the layout lists {kind.KIND!r}")
+        digest = frame.digest_of(role, data)
+        known = reuse(role, digest) if reuse is not None else None
+        if known is not None and known.role == role:
+            decoded[role] = known
+            continue
         header, arrays = frame.decode_part(role, data, verified=planes.verified)
         if header.get("kind") != name:
             raise PlanesInvalid(role, f"part is a {header.get('kind')!r}, role says {name!r}")
-        decoded[role] = kind.decode(role, entry, header, arrays)
+        decoded[role] = dataclasses.replace(kind.decode(role, entry, header, arrays), digest=digest)
     parts = tuple(decoded[role] for role in owners)
     return Snapshot(identity, depth, alignment, planes.layout, parts)
 

@@ -85,6 +85,18 @@ def encode_part(kind: str, arrays: Sequence[mx.array], **fields: Any) -> bytes:
     return bytes(buf)
 
 
+def digest_of(role: str, data: bytes | memoryview) -> bytes:
+    """The digest a frame carries (of its header and payload), read, not computed;
+    PlanesInvalid when `data` is too short to be a frame."""
+    view = memoryview(data).cast("B")
+    if len(view) < _PREFIX.size:
+        raise PlanesInvalid(role, f"{len(view)} bytes is shorter than a part prefix")
+    start = _PREFIX.size + _PREFIX.unpack_from(view, 0)[2]
+    if start + DIGEST_SIZE > len(view):
+        raise PlanesInvalid(role, f"header length {start} does not fit in {len(view)} bytes")
+    return bytes(view[start : start + DIGEST_SIZE])
+
+
 def decode_part(
     role: str, data: bytes | memoryview, *, verified: bool = False
 ) -> tuple[dict[str, Any], list[mx.array]]:

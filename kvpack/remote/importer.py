@@ -58,6 +58,7 @@ from kvpack.accounting.counters import Accounting
 from kvpack.remote.peers import Peer
 from kvpack.remote.quarantine import Quarantine
 from kvpack.tiers.base import Ask, Candidate, Loaded, Refused, TierName
+from kvpack.tiers.durable import CutReader
 from kvpack.vault import Vault
 
 log = logging.getLogger(__name__)
@@ -173,9 +174,8 @@ class RemoteTier:
         cut = self.vault.find(ask.scope, ask.chain, deeper_than=depth - 1, at_most=depth)
         if cut is None:
             raise Refused(f"the promoted cut at depth {depth} is not in the local catalog")
-        loaded = self.vault.load(cut, ask.scope)
-        m = loaded.manifest
-        return Loaded(Planes(layout=m.layout, parts=tuple(loaded.parts)), manifest_bytes=m.bytes)
+        reader = CutReader.open(self.vault, cut, ask.scope)  # read as a durable hit is
+        return Loaded(reader, manifest_bytes=reader.manifest.bytes)
 
     def _check_statement(self, peer: Peer, body: bytes, ask: Ask, claimed: int) -> Statement:
         try:

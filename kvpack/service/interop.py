@@ -11,8 +11,9 @@
   decoded tokens, which no cold run computes): resident, capped by durable, then durable,
   then a peer when one could serve deeper. Each candidate is loaded, verified and built
   into mlx-lm caches by the engine's restore gate and shadow build — the very steps of a
-  slot restore — so the first that builds is a hit of its tier, counted and billed as one
-  (a refusal falls through and is counted; nothing left is a miss).
+  slot restore; a durable reader is read straight into the intake whose shadow caches
+  are handed out — so the first that builds is a hit of its tier, counted and billed as
+  one (a refusal falls through and is counted; nothing left is a miss).
 - publish(service, tokens, caches, logits=): seal the state mlx-lm computed for `tokens`
   into the vault (chunks, manifest, catalog rows; synchronously, so it is durable when
   this returns) and hold it in the resident tier. The caches pass the same gate a restore
@@ -36,9 +37,8 @@ from catalog.manifest import Manifest
 from engine.errors import InvalidRequest, ShapeMismatch
 from engine.format import encode
 from engine.interop import PromptCache, from_mlx_lm, to_mlx_lm
-from engine.state import Planes, Snapshot
 from kvpack.service.service import Service
-from kvpack.tiers.base import Ask
+from kvpack.tiers.base import Ask, Cut
 
 
 @dataclass
@@ -62,7 +62,7 @@ def restore(service: Service, tokens: Sequence[int], *, namespace: str) -> Resto
         raise InvalidRequest("tokens", "nothing to look up")
     ask = Ask.of(tenant.scope, history)
 
-    def build(cut: Snapshot | Planes) -> PromptCache:
+    def build(cut: Cut) -> PromptCache:
         if cut.depth > len(history):  # the tiers never offer one; the gate cannot see it
             raise ShapeMismatch("depth (tokens asked for)", f"<= {len(history)}", cut.depth)
         return to_mlx_lm(tenant.pool, cut)

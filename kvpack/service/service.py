@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import mlx.core as mx
 from sqlalchemy.exc import SQLAlchemyError
 
 from catalog.chain import TokenChain
@@ -172,6 +173,10 @@ class Service:
             adapter=adapter,
             hf_cache=hf_cache,
         )
+        if settings.mlx_cache_limit is not None:
+            # Process-wide: freed buffers up to the limit are reused by the next restore
+            # instead of fresh zero-filled pages.
+            mx.set_cache_limit(settings.mlx_cache_limit)
         own = vault is None
         if vault is None:
             vault = Vault.open(settings, timeout_s=io_timeout_s)

@@ -6,9 +6,14 @@ Words:
 - candidate: a tier's answer to `find`: the deepest cut it could serve within the
   bounds, as depth plus whatever that tier's `load` needs (its handle). Finding has no
   side effects, so the ladder can ask every tier before it loads anything.
-- loaded: a candidate's verified state, in a form the engine installs (engine.state's
-  Snapshot or Planes; kvpack never decodes it), with what the hit bills: bytes from a
-  manifest (durable, remote) or an estimate (resident; invariant 7).
+- loaded: a candidate's verified state, in a form the engine installs, with what the hit
+  bills: bytes from a manifest (durable, remote) or an estimate (resident; invariant 7).
+  The forms: a Snapshot (evaluated arrays: the resident tier's), Planes (bytes), or a
+  reader — an engine Source (engine/intake.py) whose layout is verified and whose bytes
+  the install reads straight into the slot's own buffers (the durable tier's). kvpack
+  never decodes any of them; every installer (a slot's restore, mlx-lm caches) takes all
+  three. A reader tells after the install what it became (`installed`), which is what a
+  cache holds.
 - verification failure: the state was refused by a check (a seal, a digest, a MAC, a
   signature, the engine's gate): counted, and the ladder falls through (invariant 9).
 - outage: the tier could not answer (store or catalog unreachable, a timeout): the
@@ -23,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -32,6 +37,7 @@ from catalog.chain import TokenChain
 from catalog.errors import ManifestInvalid, StaleGeneration
 from catalog.scope import Scope
 from engine.errors import RestoreRefused
+from engine.intake import Source
 from engine.state import Planes, Snapshot
 
 TierName = Literal["resident", "durable", "remote"]
@@ -96,11 +102,29 @@ class Candidate:
     handle: Any  # the tier's own: a resident cut, a catalog Cut, a peer's answer
 
 
+@runtime_checkable
+class Reader(Source, Protocol):
+    """A loaded cut still to be read by its install (see the words)."""
+
+    @property
+    def installed(self) -> Snapshot | None:
+        """The Snapshot an install restored this reader as; None before one did."""
+        ...
+
+
+Cut = Snapshot | Planes | Reader
+
+
 @dataclass(frozen=True)
 class Loaded:
-    cut: Snapshot | Planes
+    cut: Cut
     manifest_bytes: int | None = None  # durable and remote: billed from the manifest
     estimated_bytes: int | None = None  # resident: an estimate, labelled so
+
+    def holdable(self) -> Snapshot | Planes | None:
+        """What a cache may hold once the cut was installed: the cut itself, or the
+        Snapshot a reader was restored as (None when it never was)."""
+        return self.cut.installed if isinstance(self.cut, Reader) else self.cut
 
 
 class Tier(Protocol):

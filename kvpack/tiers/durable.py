@@ -2,9 +2,18 @@
 
 - find: one `find_deepest` query (catalog/queries.py) over the ask's token chain. Its
   answer carries the catalog row's facts, so load needs no second catalog read.
-- load: the manifest object, its MAC and its agreement with the row, then every chunk
-  fetched concurrently, tag-verified and re-hashed (catalog/publish.py load_cut). The
-  engine gets the verified parts as Planes; kvpack never decodes them.
+- load: the manifest object, its MAC and its agreement with the row (catalog/publish.py
+  open_cut); what it returns is a reader (CutReader), not yet the bytes.
+- reader: a verified manifest as an engine Source (engine/intake.py). The installer makes
+  the intake for the manifest's layout on the thread that runs MLX — the shadow caches
+  the cut becomes — and the reader fetches every chunk concurrently, tag-verified,
+  decrypted straight into the intake's destinations and re-hashed (catalog/publish.py
+  load_parts with `into`). Nothing is decoded, joined or copied after the decryption,
+  and kvpack never decodes the parts. A fetch that fails or a chunk that does not verify
+  raises out of the install before the swap: the slot keeps what it had, and the ladder
+  falls through (an outage uncounted; a verification failure counted and condemned).
+  After a restore, `installed` is the Snapshot it became (views of the restored caches,
+  each part with its verified frame digest): what the ladder promotes into the caches.
 - served: the cut's catalog row is stamped as hit, off the response path (GC evicts the
   least recently hit first).
 - refused: the cut failed verification (its manifest object gone or failing its checks,
@@ -19,17 +28,57 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 from catalog.condemn import broken_chunk, kind_of
 from catalog.ids import IdentityDigest
+from catalog.manifest import Manifest
+from catalog.queries import Cut
+from catalog.scope import Scope
 from engine.errors import RestoreRefused
-from engine.state import Planes
+from engine.intake import Intake
+from engine.state import Snapshot
 from kvpack.accounting.counters import Accounting
 from kvpack.background import Background
 from kvpack.tiers.base import OUTAGES, Ask, Candidate, Loaded, TierName
 from kvpack.vault import Vault
 
 log = logging.getLogger(__name__)
+
+
+class CutReader:
+    """A durable cut whose manifest is verified, read into an intake on demand (a Source)."""
+
+    def __init__(self, vault: Vault, scope: Scope, manifest: Manifest) -> None:
+        self.vault, self.scope, self.manifest = vault, scope, manifest
+        self._intake: Intake | None = None
+
+    @classmethod
+    def open(cls, vault: Vault, cut: Cut, scope: Scope) -> CutReader:
+        """The reader of a catalog cut: its manifest opened and checked against the row."""
+        return cls(vault, scope, vault.open_cut(cut, scope).manifest)
+
+    @property
+    def layout(self) -> Mapping[str, Any]:
+        return self.manifest.layout
+
+    @property
+    def depth(self) -> int:
+        return self.manifest.depth
+
+    def fill(self, intake: Intake) -> None:
+        """Every chunk straight into the intake's destinations, verified; raises cas's
+        typed errors (or a TimeoutError) with the intake half-filled and unusable."""
+        parts = [(p.role, p.size) for p in self.manifest.parts]
+        self.vault.load_into(self.manifest, self.scope, intake.destinations(parts))
+        self._intake = intake
+
+    @property
+    def installed(self) -> Snapshot | None:
+        """The Snapshot the reader was restored as (None before a restore took it)."""
+        intake = self._intake
+        return intake.snapshot if intake is not None and intake.taken else None
 
 
 class DurableTier:
@@ -49,10 +98,8 @@ class DurableTier:
         return None if cut is None else Candidate(self.name, cut.depth, cut)
 
     def load(self, candidate: Candidate, ask: Ask) -> Loaded:
-        loaded = self.vault.load(candidate.handle, ask.scope)
-        m = loaded.manifest
-        planes = Planes(layout=m.layout, parts=tuple(loaded.parts))
-        return Loaded(cut=planes, manifest_bytes=m.bytes)
+        reader = CutReader.open(self.vault, candidate.handle, ask.scope)
+        return Loaded(cut=reader, manifest_bytes=reader.manifest.bytes)
 
     def served(self, candidate: Candidate, ask: Ask) -> None:
         manifest_id = candidate.handle.manifest_id

@@ -15,8 +15,9 @@ Every tier answers the same two questions (kvpack/tiers/base.py). The ladder:
    through uncounted (invariant 9); the engine refuses anything that does not fit.
 4. a hit: counted from the committed-restore receipt only (invariant 4); the tier that
    served is told (LRU, catalog hit stamp), the caches are filled with the state that a
-   slower tier served, and a paired timing is recorded when this process prefilled the
-   same cut. Those run in the background, never on the response path.
+   slower tier served (as installed: a reader's Snapshot, so nothing is read or decoded
+   again), and a paired timing is recorded when this process prefilled the same cut.
+   Those run in the background, never on the response path.
 5. miss: the slot is reset and the request prefills from scratch.
 Steps 2-5 are `restore(ask, install)` for any installer: `serve` installs into a slot,
 kvpack/service/interop.py into mlx-lm's own caches (the same gate and build, so a hit).
@@ -37,7 +38,7 @@ from engine.state import Planes, Snapshot
 from kvpack.accounting.counters import Accounting, CommittedRestore, commit_restore
 from kvpack.accounting.pairing import PrefillClock
 from kvpack.background import Background
-from kvpack.tiers.base import OUTAGES, VERIFICATION_FAILURES, Ask, Cache, Candidate, Tier
+from kvpack.tiers.base import OUTAGES, VERIFICATION_FAILURES, Ask, Cache, Candidate, Cut, Tier
 from kvpack.tiers.session import Tenant
 
 log = logging.getLogger(__name__)
@@ -96,9 +97,7 @@ class Ladder:
         _, receipt = found
         return Installed(slot, receipt.tier, receipt.depth, receipt.restore_seconds)
 
-    def restore(
-        self, ask: Ask, install: Callable[[Snapshot | Planes], T]
-    ) -> tuple[T, CommittedRestore] | None:
+    def restore(self, ask: Ask, install: Callable[[Cut], T]) -> tuple[T, CommittedRestore] | None:
         """Steps 2-5 without the session rung: the planned candidates, deepest first,
         through `install` (a slot's restore, or mlx-lm caches built through the same gate);
         the first that returns is the hit, with its result. None is a miss (counted)."""
@@ -139,7 +138,7 @@ class Ladder:
         tier: Tier,
         candidate: Candidate,
         ask: Ask,
-        install: Callable[[Snapshot | Planes], T],
+        install: Callable[[Cut], T],
     ) -> tuple[T, CommittedRestore] | None:
         started = time.perf_counter()
         try:
@@ -166,13 +165,17 @@ class Ladder:
             log.warning("%s cut at depth %d unavailable: %s", tier.name, candidate.depth, e)
             return None
         tier.served(candidate, ask)
-        if tier not in self.caches:
-            self._fill(ask, candidate.depth, loaded.cut)
+        held = loaded.holdable()
+        if tier not in self.caches and held is not None:
+            self._fill(ask, candidate.depth, held)
         self._hit(ask, receipt)
         return result, receipt
 
     def _fill(self, ask: Ask, depth: int, cut: Snapshot | Planes) -> None:
-        """Hold state a slower tier served in every cache (off the response path)."""
+        """Hold state a slower tier served in every cache (off the response path). A
+        reader's Snapshot is views of the slot's buffers: the cache copies what it does
+        not hold yet, and while that job holds them the slot's next write into a buffer
+        copies that buffer first (MLX arrays are values), once."""
         tokens = ask.tokens[:depth]
         for cache in self.caches:
             self.background.submit(

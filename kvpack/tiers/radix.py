@@ -4,45 +4,47 @@
   tokens; a node holds at most one cut (the state after exactly its path's tokens).
   `path_cuts(tokens)` walks the request's path and yields every cut on it, shallow to
   deep: the cuts whose tokens are a prefix of the request.
-- interned part: one part's bytes (engine encoding, e.g. one block), named by its BLAKE3
-  content digest. The pool holds parts through weak references only: the resident cuts'
-  strong references keep bytes alive, so cuts that share a part share its memory and a
-  part nothing holds any more is freed at once.
+- interned part: one part of a cut as the engine installs it (engine.state's Part: its
+  evaluated MLX arrays), named by its part digest — the digest its frame carries, read
+  and not computed again. The pool holds parts through weak references only: the
+  resident cuts' strong references keep them alive, so cuts that share a part share its
+  memory and a part nothing holds any more is freed at once.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
-import blake3
+from engine.state import Part
 
 C = TypeVar("C")
 
 
 class InternedPart:
-    """One interned part. `bytes` cannot be weakly referenced, so the pool holds these."""
+    """One interned part: its digest and the engine's Part (which holds the arrays)."""
 
-    __slots__ = ("digest", "data", "__weakref__")
+    __slots__ = ("digest", "part", "nbytes", "__weakref__")
 
-    def __init__(self, digest: bytes, data: bytes) -> None:
+    def __init__(self, digest: bytes, part: Part) -> None:
         self.digest = digest
-        self.data = data
+        self.part = part
+        self.nbytes = part.nbytes
 
     def __len__(self) -> int:
-        return len(self.data)
+        return self.nbytes
 
     def __repr__(self) -> str:
-        return f"InternedPart({self.digest[:6].hex()}, {len(self.data)} bytes)"
+        return f"InternedPart({self.part.role}, {self.digest[:6].hex()}, {self.nbytes} bytes)"
 
 
 class PartPool:
-    """Content-addressed part bytes held through weak references only.
+    """Parts by digest, held through weak references only.
 
-    Interning the same content twice returns the same InternedPart while anyone still
-    holds it; the pool never keeps bytes alive on its own.
+    Interning a digest twice returns the same InternedPart while anyone still holds it;
+    the pool never keeps arrays alive on its own.
     """
 
     def __init__(self) -> None:
@@ -51,13 +53,18 @@ class PartPool:
             weakref.WeakValueDictionary()
         )
 
-    def intern(self, data: bytes | bytearray | memoryview) -> InternedPart:
-        payload = bytes(data)  # own an immutable copy; a caller's buffer may change later
-        digest = blake3.blake3(payload).digest()  # hashed outside the lock: the slow part
+    def intern(self, digest: bytes, make: Callable[[], Part]) -> InternedPart:
+        """The live part named `digest`, or the one `make()` builds (called only when
+        none is alive, outside the lock: building is the slow part)."""
         with self._lock:
             part = self._parts.get(digest)
+        if part is not None:
+            return part
+        made = make()
+        with self._lock:
+            part = self._parts.get(digest)  # another thread may have won meanwhile
             if part is None:
-                part = InternedPart(digest, payload)
+                part = InternedPart(digest, made)
                 self._parts[digest] = part
             return part
 

@@ -1,9 +1,19 @@
 """The resident tier: cuts held in this process, found by a per-scope token radix.
 
 Words (see DESIGN.md, and kvpack/tiers/radix.py for the two structures):
-- resident cut: one cut (the state after exactly `depth` tokens) kept in memory as the
-  engine encoded it — its layout and its parts, each part interned by content — plus
-  whether its final logits were witnessed.
+- resident cut: one cut (the state after exactly `depth` tokens) kept in the form the
+  engine installs from: a Snapshot of verified, evaluated MLX arrays, each part interned
+  by its part digest. A hit is `Slot.restore(snapshot)` — the gate and the shadow build
+  — and neither decodes nor hashes anything.
+- holding: Planes (the encoder's output, or bytes a tier verified) are interned by the
+  digest each frame already carries; only the parts not interned yet are decoded, once,
+  in the background that calls hold. A Snapshot's parts that carry their digest (a
+  decoded cut, or the one a durable reader was installed as) are interned by it; the
+  arrays of a part not interned yet are copied into buffers of their own, so a held cut
+  never keeps a slot's cache buffer alive (an intake's or an export's blocks are views
+  of the whole capacity buffer a full layer's cache is) and the budget counts exactly
+  what the tier keeps. A Snapshot of a live slot (no digests) is encoded once to name
+  its parts. Holding trusts the frames it is given: the encoder's own or verified ones.
 - scope: every cut of one identity (kvpack's Scope). Each scope has its own radix and a
   lookup names the scope first, so a cut of another identity is structurally unreachable
   (invariant 1) and swapping identity re-scopes every lookup.
@@ -22,6 +32,7 @@ of its parts' lengths) and labelled so (invariant 7).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import operator
 import threading
 from collections import OrderedDict
@@ -30,9 +41,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+import mlx.core as mx
+
 from catalog.scope import Scope
-from engine.format import encode
-from engine.state import Planes, Snapshot
+from engine.format import decode, encode
+from engine.state import Part, Planes, Snapshot
 from kvpack.tiers.base import Ask, Candidate, Loaded, TierName
 from kvpack.tiers.radix import InternedPart, PartPool, Radix
 
@@ -57,8 +70,7 @@ class ResidentCut:
 
     scope: Scope
     tokens: tuple[int, ...]
-    layout: Mapping[str, Any]
-    logits_witnessed: bool
+    snapshot: Snapshot = field(repr=False)  # what a hit installs
     parts: tuple[tuple[str, InternedPart], ...] = field(repr=False)
 
     @property
@@ -66,12 +78,16 @@ class ResidentCut:
         return len(self.tokens)
 
     @property
+    def layout(self) -> Mapping[str, Any]:
+        return self.snapshot.layout
+
+    @property
+    def logits_witnessed(self) -> bool:
+        return self.snapshot.logits_witnessed
+
+    @property
     def aligned(self) -> bool:
         return self.depth % self.scope.alignment == 0
-
-    def planes(self) -> Planes:
-        """The cut as the engine reads it."""
-        return Planes(layout=self.layout, parts=tuple((r, p.data) for r, p in self.parts))
 
     @property
     def unique_parts(self) -> dict[bytes, InternedPart]:
@@ -81,6 +97,14 @@ class ResidentCut:
     def estimated_bytes(self) -> int:
         """An ESTIMATE of the bytes a restore of this cut serves: its parts' lengths."""
         return sum(len(part) for _, part in self.parts)
+
+
+def _detached(part: Part) -> Part:
+    """`part` with its arrays copied into buffers of their own (evaluated), so holding it
+    keeps no larger buffer alive (MLX arrays are values: the copy is the only way)."""
+    arrays = tuple(mx.array(a) for a in part.arrays)
+    mx.eval(arrays)
+    return dataclasses.replace(part, arrays=arrays)
 
 
 def _check_tokens(tokens: object) -> tuple[int, ...]:
@@ -142,7 +166,7 @@ class ResidentTier:
 
     def load(self, candidate: Candidate, ask: Ask) -> Loaded:
         cut: ResidentCut = candidate.handle
-        return Loaded(cut=cut.planes(), estimated_bytes=cut.estimated_bytes)
+        return Loaded(cut=cut.snapshot, estimated_bytes=cut.estimated_bytes)
 
     def served(self, candidate: Candidate, ask: Ask) -> None:
         with self._lock:
@@ -165,15 +189,17 @@ class ResidentTier:
         hits).
         """
         toks = _check_tokens(tokens)
-        planes = encode(cut) if isinstance(cut, Snapshot) else cut
-        if planes.depth != len(toks):
-            raise ResidentInputError("tokens", f"{len(toks)} tokens for a cut of {planes.depth}")
+        if cut.depth != len(toks):
+            raise ResidentInputError("tokens", f"{len(toks)} tokens for a cut of {cut.depth}")
+        snap, interned = self._intern(cut)
+        layout = MappingProxyType(copy.deepcopy(dict(snap.layout)))
         held = ResidentCut(
             scope=scope,
             tokens=toks,
-            layout=MappingProxyType(copy.deepcopy(dict(planes.layout))),
-            logits_witnessed=planes.logits_witnessed,
-            parts=tuple((role, self.pool.intern(data)) for role, data in planes.parts),
+            snapshot=dataclasses.replace(
+                snap, layout=layout, parts=tuple(i.part for i in interned)
+            ),
+            parts=tuple((p.role, i) for p, i in zip(snap.parts, interned, strict=True)),
         )
         needed = sum(len(p) for p in held.unique_parts.values())
         with self._lock:
@@ -192,6 +218,34 @@ class ResidentTier:
                 self._uncount(old)
             self._evict_to(self._budget)
             return held
+
+    def _intern(self, cut: Snapshot | Planes) -> tuple[Snapshot, list[InternedPart]]:
+        """The cut as a Snapshot and its parts interned (see the module words)."""
+        if isinstance(cut, Planes):
+            alive: dict[bytes, InternedPart] = {}  # held strongly until interned below
+
+            def reuse(role: str, digest: bytes) -> Part | None:
+                found = self.pool.get(digest)
+                if found is None:
+                    return None
+                alive[digest] = found
+                return found.part
+
+            snap = decode(dataclasses.replace(cut, verified=True), reuse=reuse)
+            interned = []
+            for part in snap.parts:
+                kept = alive.get(part.digest) if part.digest is not None else None
+                interned.append(kept if kept is not None else self._intern_part(part, own=True))
+            return snap, interned
+        if any(p.digest is None for p in cut.parts):
+            return self._intern(encode(cut))  # a live slot's cut: name its parts once
+        return cut, [self._intern_part(p, own=False) for p in cut.parts]
+
+    def _intern_part(self, part: Part, *, own: bool) -> InternedPart:
+        """`part` interned by its digest; `own`: its arrays are its own already (decoded),
+        else they are copied into buffers of their own first."""
+        assert part.digest is not None
+        return self.pool.intern(part.digest, (lambda: part) if own else (lambda: _detached(part)))
 
     def discard(self, cut: ResidentCut) -> bool:
         """Drop one cut. False if it is not resident."""

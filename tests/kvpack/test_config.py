@@ -132,6 +132,7 @@ SAMPLES = {  # a raw value for each setting, and what it loads as
     "gc_grace_s": ("1h30m", 5400.0),
     "quarantine_retention_s": ("7d", 7 * 86400.0),
     "verify_interval_s": ("30s", 30.0),
+    "mlx_cache_limit": ("2GiB", 2 * 1024**3),
 }
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import event
 
+from engine.codec.frame import digest_of
 from engine.format import encode
 from kvpack.tiers.base import Ask
+from kvpack.tiers.durable import CutReader
 from tests.engine.slotkit import prompt
 from tests.kvpack.service.test_service import ask
 
@@ -47,6 +49,13 @@ def test_a_lookup_is_one_catalog_query_and_a_load_reads_the_catalog_no_more(serv
     loaded, during_load = statements(service, lambda: durable.load(candidate, request))
     assert during_load == []
     assert loaded.manifest_bytes == candidate.handle.bytes
+    assert isinstance(loaded.cut, CutReader) and loaded.cut.installed is None
     slot = service.tenant("default").pool.slot(0)
-    installed = slot.restore(loaded.cut, prompt=P)
-    assert encode(installed).parts == loaded.cut.parts  # the verified bytes, installed
+    installed, during_read = statements(service, lambda: slot.restore(loaded.cut, prompt=P))
+    assert during_read == []  # the reader reads chunks, never the catalog
+    assert loaded.cut.installed is installed
+    stored = service.vault.load(candidate.handle, request.scope)  # every chunk, as stored
+    assert [(r, bytes(d)) for r, d in encode(installed).parts] == [
+        (r, bytes(d)) for r, d in stored.parts
+    ]  # the verified bytes, installed
+    assert [p.digest for p in installed.parts] == [digest_of(r, d) for r, d in stored.parts]

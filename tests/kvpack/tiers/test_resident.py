@@ -1,7 +1,8 @@
 """The resident tier: token radix, scopes, part pool, LRU byte budget.
 
-Cuts here are synthetic Planes (a minimal layout and random part bytes): the tier never
-decodes them, so the engine is not needed to test it."""
+Cuts here are synthetic Snapshots (a minimal layout, one uint8 array of random bytes per
+part, each with its part digest): holding one with digests neither decodes nor encodes,
+so no model is needed. tests/kvpack/tiers/test_resident_form.py holds real cuts."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ import random
 import threading
 import weakref
 
+import blake3
+import mlx.core as mx
+import numpy as np
 import pytest
 
 from catalog.ids import IdentityDigest
 from catalog.scope import Scope
-from engine.state import Planes
+from engine.state import Part, Snapshot
 from kvpack.tiers.base import Ask
 from kvpack.tiers.radix import PartPool
 from kvpack.tiers.resident import ResidentInputError, ResidentTier
@@ -43,7 +47,13 @@ def parts_for(tokens, *, witnessed=False, tag=b""):
     return parts
 
 
-def planes(scope, tokens, parts, *, witnessed=False, **extra):
+def part(role: str, payload: bytes) -> Part:
+    """A part of `payload` bytes, named (as a frame would name it) by their digest."""
+    array = mx.array(np.frombuffer(payload, dtype=np.uint8))
+    return Part(role, (array,), {}, digest=blake3.blake3(payload).digest())
+
+
+def snapshot(scope, tokens, parts, *, witnessed=False, **extra) -> Snapshot:
     layout = {
         "format": 1,
         "identity": scope.identity.hex,
@@ -52,13 +62,14 @@ def planes(scope, tokens, parts, *, witnessed=False, **extra):
         "logits": {"role": "logits", "vocab": 1} if witnessed else None,
         **extra,
     }
-    return Planes(layout=layout, parts=tuple(parts))
+    held = tuple(part(role, data) for role, data in parts)
+    return Snapshot(scope.identity.raw, len(tokens), scope.alignment, layout, held)
 
 
 def put(tier, tokens, *, identity=ID_A, witnessed=False, tag=b"", **extra):
     parts = parts_for(tokens, witnessed=witnessed, tag=tag)
     return tier.hold(
-        identity, tokens, planes(identity, tokens, parts, witnessed=witnessed, **extra)
+        identity, tokens, snapshot(identity, tokens, parts, witnessed=witnessed, **extra)
     )
 
 
@@ -69,7 +80,7 @@ def get(tier, tokens, *, identity=ID_A, cap=None):
 
 
 def parts_of(cut):
-    return [(role, part.data) for role, part in cut.parts]
+    return [(role, bytes(memoryview(p.part.arrays[0]))) for role, p in cut.parts]
 
 
 BASE = list(range(100, 120))  # 20 tokens
@@ -212,16 +223,16 @@ def test_bad_tokens_raise_a_typed_error_naming_them(tokens):
     raise ResidentInputError naming them; nothing is held."""
     tier = ResidentTier()
     with pytest.raises(ResidentInputError) as e:
-        tier.hold(ID_A, tokens, planes(ID_A, BASE[:4], [("kv", b"x")]))
+        tier.hold(ID_A, tokens, snapshot(ID_A, BASE[:4], [("kv", b"x")]))
     assert e.value.what == "tokens" and len(tier) == 0
 
 
 def test_layout_is_copied_and_read_only():
     """Branch: the cut keeps its own layout; the caller mutating theirs changes nothing."""
     tier = ResidentTier()
-    layout = dict(planes(ID_A, BASE[:8], [], extra=[1, 2]).layout)
-    cut = tier.hold(ID_A, BASE[:8], Planes(layout=layout, parts=tuple(parts_for(BASE[:8]))))
-    layout["extra"].append(3)
+    given = snapshot(ID_A, BASE[:8], parts_for(BASE[:8]), extra=[1, 2])
+    cut = tier.hold(ID_A, BASE[:8], given)
+    given.layout["extra"].append(3)
     assert cut.layout["extra"] == [1, 2]
     with pytest.raises(TypeError):
         cut.layout["depth"] = 9
@@ -264,22 +275,29 @@ def test_radix_matches_a_brute_force_model_through_inserts_and_discards():
 # -- part pool ----------------------------------------------------------------------
 
 
-def test_pool_interns_equal_content_once():
-    """Branch: interning equal bytes returns the same part while it is alive."""
+def test_pool_interns_a_digest_once_and_builds_it_once():
+    """Branch: interning a digest returns the same part while it is alive, and builds it
+    (decodes or copies, in the tier) only the first time."""
     pool = PartPool()
-    a = pool.intern(b"x" * 100)
-    b = pool.intern(bytearray(b"x" * 100))
-    c = pool.intern(b"y" * 100)
-    assert a is b and a is not c
+    built = []
+
+    def make(payload):
+        built.append(payload)
+        return part("kv", payload)
+
+    a = pool.intern(b"1", lambda: make(b"x" * 100))
+    b = pool.intern(b"1", lambda: make(b"x" * 100))
+    c = pool.intern(b"2", lambda: make(b"y" * 100))
+    assert a is b and a is not c and built == [b"x" * 100, b"y" * 100]
     assert pool.live_parts() == 2 and pool.live_bytes() == 200
 
 
-def test_pool_never_keeps_bytes_alive_on_its_own():
+def test_pool_never_keeps_parts_alive_on_its_own():
     """Branch: with no strong holder left, a part is collected and leaves the pool."""
     pool = PartPool()
-    part = pool.intern(b"z" * 100)
-    ref = weakref.ref(part)
-    del part
+    held = pool.intern(b"z", lambda: part("kv", b"z" * 100))
+    ref = weakref.ref(held)
+    del held
     gc.collect()
     assert ref() is None
     assert pool.live_parts() == 0
@@ -302,7 +320,7 @@ def test_a_part_repeated_inside_one_cut_counts_once():
     tier = ResidentTier()
     zeros = bytes(BLOCK)
     parts = [("k", zeros), ("v", zeros), ("logits", b"L" * 10)]
-    cut = tier.hold(ID_A, BASE[:4], planes(ID_A, BASE[:4], parts, witnessed=True))
+    cut = tier.hold(ID_A, BASE[:4], snapshot(ID_A, BASE[:4], parts, witnessed=True))
     assert cut.parts[0][1] is cut.parts[1][1]
     assert tier.resident_bytes == BLOCK + 10
     other = put(tier, BASE[:8])
@@ -342,13 +360,23 @@ def test_cut_held_by_a_caller_keeps_its_bytes_after_eviction():
     assert tier.pool.live_parts() == 2
 
 
-def test_payload_is_copied_at_hold():
-    """Branch: a caller's mutable buffer changing after hold does not change the cut."""
+def test_a_view_of_a_larger_buffer_is_held_as_its_own_bytes():
+    """Branch: a part whose array is a view of a larger buffer (an intake's block is a
+    slice of the whole KV capacity) is copied into a buffer of its own at hold, so the
+    tier keeps and counts exactly its bytes, not the buffer behind it."""
     tier = ResidentTier()
-    buf = bytearray(b"a" * 64)
-    cut = tier.hold(ID_A, BASE[:4], planes(ID_A, BASE[:4], [("kv", buf)]))
-    buf[:] = b"b" * 64
-    assert parts_of(cut) == [("kv", b"a" * 64)]
+    big = mx.array(np.frombuffer(random.Random(3).randbytes(4 * BLOCK), dtype=np.uint8))
+    view = big[BLOCK : 2 * BLOCK]
+    mx.eval(view)
+    payload = bytes(memoryview(view))
+    layout = snapshot(ID_A, BASE[:4], []).layout
+    viewed = Part("kv", (view,), {}, digest=blake3.blake3(payload).digest())
+    given = Snapshot(ID_A.identity.raw, 4, A, layout, (viewed,))
+    cut = tier.hold(ID_A, BASE[:4], given)
+    (held,) = cut.snapshot.parts[0].arrays
+    assert bytes(memoryview(held)) == payload
+    assert np.asarray(held).ctypes.data != np.asarray(view).ctypes.data
+    assert tier.resident_bytes == BLOCK
 
 
 # -- LRU byte budget ------------------------------------------------------------------

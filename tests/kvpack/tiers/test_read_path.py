@@ -1,0 +1,265 @@
+"""The read path through the tiers' new forms, on `tiny` (A = 64): a durable hit read
+straight into the slot's intake (the CutReader), the resident tier's installable
+Snapshots, and promotion of the one into the other — bit-identical to a cold run, a
+resident hit that neither decodes nor hashes, parts interned once, and a store that fails
+or stalls in the middle of a durable restore leaving the slot as it was."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import engine.codec as codec
+from cas.errors import StoreUnavailable
+from engine.codec import frame
+from engine.format import encode
+from kvpack.config import Settings
+from kvpack.service.service import Completion, CompletionRequest, Service
+from kvpack.tiers.base import Ask
+from kvpack.tiers.durable import CutReader
+from kvpack.vault import Vault
+from migrations import migrate
+from tests.cas.faults import Wrapper
+from tests.engine.slotkit import TINY_A, prompt
+from tests.kvpack.conftest import s3_settings
+
+P = prompt(300, seed=41)  # the exact cut: five blocks (the last partial), ring, logits
+R = P[: 4 * TINY_A + 20] + prompt(30, seed=42)  # shares P's aligned cut at 256, then differs
+R2 = P[: 4 * TINY_A + 9] + prompt(40, seed=44)  # and another such
+Q = prompt(90, seed=43)  # something else for the slot to hold first
+
+
+def ask(svc: Service, tokens: list[int], namespace: str = "default") -> Completion:
+    request = CompletionRequest(tokens=tokens, max_tokens=12, namespace=namespace, top_logprobs=3)
+    return svc.complete(request)
+
+
+def answer(c: Completion) -> tuple:
+    """Everything a client sees, logprobs included (floats compared exactly)."""
+    return c.tokens, c.finish_reason, c.logprobs
+
+
+@pytest.mark.parametrize(
+    ("tokens", "then", "depth"),
+    [(P, P, len(P)), (R, R2, 4 * TINY_A)],
+    ids=["exact", "aligned-ancestor"],
+)
+def test_cold_durable_and_promoted_resident_are_bit_identical(
+    shared_settings, open_service, tokens, then, depth
+):
+    """Branches: durable through the reader (intake), then resident from the state that
+    durable hit installed (promoted in the background; `then` reaches only that cut),
+    each answering exactly the cold answer — logprobs included — at an exact cut and at
+    an aligned ancestor, on the embedded default and on S3 + PostgreSQL."""
+    first = open_service(shared_settings)
+    assert ask(first, P).tier == "none"
+    cold = ask(first, tokens, namespace="cold")  # other tenants: computed from scratch
+    cold_then = ask(first, then, namespace="cold-then")
+    assert cold.tier == cold_then.tier == "none"
+    assert first.flush(30)
+    first.close()
+
+    svc = open_service(shared_settings)
+    scope = svc.tenant("default").scope
+    found = svc.durable.find(Ask.of(scope, tokens))
+    assert found is not None and found.depth == depth
+    assert isinstance(svc.durable.load(found, Ask.of(scope, tokens)).cut, CutReader)
+    durable = ask(svc, tokens)
+    assert (durable.tier, durable.cached_tokens) == ("durable", depth)
+    assert svc.flush(30)
+    held = svc.resident.find(Ask.of(scope, then).bounded(at_most=depth))
+    assert held is not None and held.depth == depth  # promoted from the installed state
+    resident = ask(svc, then)
+    assert (resident.tier, resident.cached_tokens) == ("resident", depth)
+    assert answer(durable) == answer(cold)
+    assert answer(resident) == answer(cold_then)
+
+
+def test_a_resident_hit_neither_decodes_nor_hashes(settings, open_service, monkeypatch):
+    """Branch: the resident tier holds what the engine installs from. A hit with the
+    codec's decode, frame decoding and frame hashing all made to fail still serves the
+    cold answer (a decode or hash anywhere on the path would raise)."""
+    svc = open_service(settings)
+    cold = ask(svc, P)
+    assert svc.flush(30)
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a resident hit decoded or hashed a part")
+
+    monkeypatch.setattr(codec, "decode", forbidden)
+    monkeypatch.setattr(frame, "decode_part", forbidden)
+    monkeypatch.setattr(frame, "blake3", SimpleNamespace(blake3=forbidden))  # frames' hash
+    warm = ask(svc, P)
+    assert (warm.tier, warm.cached_tokens) == ("resident", len(P))
+    assert answer(warm) == answer(cold)
+
+
+def test_cuts_that_share_parts_hold_them_once_and_decode_only_the_new(settings, open_service):
+    """Branch: interning by the digest each frame carries. Holding the encoder's Planes of
+    two cuts on one history decodes each part once: the second decodes only its own new
+    parts, shares the common blocks as the same objects, and the budget counts them once."""
+    svc = open_service(settings, resident_budget_bytes=0)  # nothing held by the service
+    slot = svc.tenant("default").pool.slot(0)
+    slot.reset()
+    cuts = {}
+    slot.prefill(P, on_boundary=lambda d: cuts.setdefault(d, encode(slot.export())))
+    scope, tier = svc.tenant("default").scope, svc.resident
+    tier.set_budget(1 << 30)
+    decoded: list[str] = []
+    real = frame.decode_part
+
+    def counting(role, data, **kw):
+        decoded.append(role)
+        return real(role, data, **kw)
+
+    frame.decode_part = counting  # type: ignore[assignment]
+    try:
+        short = tier.hold(scope, P[:128], cuts[128])
+        first = list(decoded)
+        long = tier.hold(scope, P[:256], cuts[256])
+    finally:
+        frame.decode_part = real  # type: ignore[assignment]
+    assert first == ["block/0", "block/1", "ring", "logits"]
+    assert decoded[len(first) :] == ["block/2", "block/3", "ring", "logits"]
+    assert short is not None and long is not None
+    assert short.parts[0][1] is long.parts[0][1] and short.parts[1][1] is long.parts[1][1]
+    shared = {id(p) for _, p in short.parts} & {id(p) for _, p in long.parts}
+    assert len(shared) == 2
+    assert tier.resident_bytes == short.estimated_bytes + long.estimated_bytes - sum(
+        len(p) for _, p in short.parts[:2]
+    )
+
+
+def test_a_promoted_durable_hit_keeps_no_slot_buffer_alive(settings, open_service):
+    """Branch: holding the Snapshot a durable reader was installed as copies each part not
+    held yet into buffers of its own (an intake's blocks are views of the slot's whole KV
+    buffer), so the tier counts exactly what it keeps and no held array lies in a buffer
+    of the slot's."""
+    first = open_service(settings)
+    ask(first, P)
+    assert first.flush(30)
+    first.close()
+    svc = open_service(settings, resident_budget_bytes=0)
+    scope, slot = svc.tenant("default").scope, svc.tenant("default").pool.slot(0)
+    reader = CutReader.open(svc.vault, svc.vault.find(scope, scope.chain(P)), scope)
+    installed = slot.restore(reader, prompt=P)
+    assert reader.installed is installed
+    svc.resident.set_budget(1 << 30)
+    cut = svc.resident.hold(scope, P, installed)
+
+    def span(a: mx.array) -> tuple[int, int]:
+        start = np.asarray(a).ctypes.data
+        return start, start + a.nbytes
+
+    buffers = [span(b) for c in slot.state.cache for b in (c.keys, c.values)]
+    assert any(lo <= span(a)[0] < hi for a in installed.arrays() for lo, hi in buffers)
+    held = cut.snapshot.arrays()
+    assert not any(lo <= span(a)[0] < hi for a in held for lo, hi in buffers)
+    assert svc.resident.resident_bytes == sum(a.nbytes for a in held) == installed.nbytes
+    assert physical_parts(cut.snapshot) == physical_parts(installed)
+
+
+def physical_parts(snap) -> list[bytes]:
+    return [np.asarray(a).tobytes() for a in snap.arrays()]
+
+
+# -- a store that fails in the middle of a durable restore -------------------------------
+
+
+class MidRestore(Wrapper):
+    """Once armed, the third chunk read fails (an outage), stalls past the vault's
+    timeout, or comes back with a flipped byte; other reads pass through."""
+
+    def __init__(self, inner, mode: str) -> None:
+        super().__init__(inner)
+        self.mode, self.armed, self.reads = mode, False, 0
+
+    async def get_into(self, key: str, out: memoryview) -> int:
+        if not (self.armed and "chunks/" in key):
+            return await self.inner.get_into(key, out)
+        self.reads += 1
+        third = self.reads == 3  # reads run concurrently: decide before awaiting
+        if third and self.mode == "fail":
+            raise StoreUnavailable("get", key, "connection reset mid-restore")
+        if third and self.mode == "stall":
+            await asyncio.sleep(30)
+        n = await self.inner.get_into(key, out)
+        if third and self.mode == "flip":
+            out[n // 2] ^= 0x01
+        return n
+
+
+def vault_over(settings: Settings, wrap) -> Vault:
+    """The vault Vault.open gives, its object store wrapped (a short I/O timeout)."""
+    settings.ensure_data_dir()
+    migrate(settings.database_url)
+    return Vault(
+        db=settings.make_engine(),
+        objects=wrap(settings.open_store()),
+        keyring=settings.keyring(),
+        producer_keys=settings.producer_keys(),
+        timeout_s=2.0,
+    )
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("mode", ["fail", "stall", "flip"])
+def test_a_bad_read_mid_restore_leaves_the_slot_untouched_and_recomputes(
+    tmp_path, s3_config, open_service, mode
+):
+    """Branches: SeaweedFS fails, stalls or corrupts the third chunk of a durable restore
+    through the intake, after other chunks have landed in the slot's shadow. The slot
+    keeps exactly the state it had; the request recomputes the cold answer; an outage is
+    not counted as a verification failure, a corrupt chunk is, and condemns the cut."""
+    settings = Settings.load(
+        data_dir=tmp_path / "vault", alignment=TINY_A, env={}, **s3_settings(s3_config)
+    )
+    first = open_service(settings)
+    cold = ask(first, P)
+    assert first.flush(30)
+    first.close()
+
+    store: list[MidRestore] = []
+    vault = vault_over(settings, lambda inner: store.append(MidRestore(inner, mode)) or store[0])
+    try:
+        svc = open_service(settings, vault=vault, resident_budget_bytes=0)
+        slot = svc.tenant("default").pool.slot(0)
+        ask(svc, Q)
+        before, history = slot.state, slot.tokens
+        store[0].armed = True
+        request = Ask.of(svc.tenant("default").scope, P)
+        assert svc.ladder.restore(request, lambda cut: slot.restore(cut, prompt=P)) is None
+        assert store[0].reads >= 3
+        assert slot.state is before and slot.tokens == history
+        failures = svc.accounting.total("kvpack_verification_failures_total")
+        condemned = svc.accounting.total("kvpack_condemned_cuts_total")
+        # A broken chunk condemns every cut that uses it (the aligned cut at 256 too).
+        assert (failures, condemned > 0) == ((1, True) if mode == "flip" else (0, False))
+        assert (svc.durable.find(request) is None) == (mode == "flip")
+
+        store[0].armed, store[0].reads = mode != "flip", 0
+        again = ask(svc, P)
+        assert (again.tier, answer(again)) == ("none", answer(cold))
+        svc.close()
+    finally:
+        vault.close()
+
+
+def test_the_mlx_cache_limit_setting_is_applied_when_a_service_opens(tmp_path, open_service):
+    """Branch: mlx_cache_limit sets MLX's process-wide cache limit (restores then reuse
+    freed buffers); unset, the service leaves MLX's own limit alone."""
+    original = mx.set_cache_limit(1 << 20)
+    try:
+        open_service(Settings.load(data_dir=tmp_path / "a", alignment=TINY_A, env={}))
+        assert mx.set_cache_limit(1 << 20) == 1 << 20  # left alone
+        limited = Settings.load(
+            data_dir=tmp_path / "b", alignment=TINY_A, env={"KVPACK_MLX_CACHE_LIMIT": "3MiB"}
+        )
+        open_service(limited)
+        assert mx.set_cache_limit(original) == 3 << 20
+    finally:
+        mx.set_cache_limit(original)

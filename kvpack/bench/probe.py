@@ -99,7 +99,7 @@ async def raw_get(config: Any, keys: Sequence[str], *, repeats: int = REPEATS) -
                 async with resp["Body"] as body:
                     return len(await body.read())
 
-        runs = []
+        runs, nbytes = [], 0
         for _ in range(repeats):
             t0 = time.perf_counter()
             nbytes = sum(await asyncio.gather(*(one(k) for k in keys)))
@@ -126,7 +126,7 @@ def export(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"the vault holds {restored.depth} of {len(tokens)} tokens "
                              f"({restored.tier}), logits witnessed: {witnessed}")  # fmt: skip
         save_prompt_cache(args.cache, restored.caches)
-        first = int(mx.argmax(restored.logits).item())
+        first = mx.argmax(restored.logits).item()
         scope = model.service.tenant(client.namespace).scope
         vault = client.vault
         cut = vault.find(scope, scope.chain(tokens))

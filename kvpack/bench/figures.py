@@ -1,5 +1,5 @@
-"""The bench's figures and targets, computed from one attempt's receipt (issue "Trust at
-line rate"), and the tables that print them.
+"""The bench's figures and targets, computed from one attempt's receipt, and the tables
+that print them.
 
 - leg figures: per leg, time to first token (client side), and from the server's own
   restore measurement (kvpack/service/restores.py) the restore seconds, bytes restored,
@@ -80,7 +80,7 @@ def _target(name: str, value: float | None, op: str, bound: float) -> dict[str, 
 
 
 def targets(figures: Mapping[str, Mapping[str, Any]], store: str | None) -> list[dict[str, Any]]:
-    """The issue's targets for one attempt; `store` is "s3" or "local" (None: unknown)."""
+    """The restore targets for one attempt; `store` is "s3" or "local" (None: unknown)."""
     warm, durable = figures.get("warm", {}), figures.get("durable", {})
     second = figures.get("durable_second", {})
     s3 = store == "s3"

@@ -1,7 +1,7 @@
 """`kvpack bench`: cold / warm / miss / second legs per depth, each depth on a fresh
 server, then two durable legs on a restarted server (same data dir and namespace, empty
 resident tier), then the baselines (the floor, a raw S3 GET, mlx-lm's load + one step)
-and the issue's targets, met or missed (kvpack/bench/serve.py, figures.py, probe.py).
+and the restore targets, met or missed (kvpack/bench/serve.py, figures.py, probe.py).
 Depths run up to the model's context, less the generated tokens; a depth beyond is an
 error before anything starts.
 

@@ -8,7 +8,9 @@ the restore rate and the memory target from it).
   (RSS) before it, and the peak RSS above that while it ran (`peak_rss_added`).
 - peak RSS: on Linux the kernel's high-water mark (VmHWM in /proc/self/status), reset to
   the current RSS by writing "5" to /proc/self/clear_refs just before the restore; so the
-  peak is exact, not sampled. Elsewhere the peak is None (not measured) and says so.
+  peak is exact, not sampled. It counts memory newly made resident: memory the process
+  already held (freed by earlier work and kept by the allocator) that the restore reuses
+  is not added. Elsewhere the peak is None (not measured) and says so.
 - RestoreMeter: wraps the ladder's serve; records restores (not misses, not session
   continuations), the last `capacity` of them, oldest first. It is process-wide (RSS is),
   so it measures one restore at a time: the engine thread runs one lookup at a time.

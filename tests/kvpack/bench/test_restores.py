@@ -5,6 +5,7 @@ reads them."""
 
 from __future__ import annotations
 
+import mmap
 import sys
 
 import pytest
@@ -19,12 +20,13 @@ from kvpack.tiers.ladder import Installed
 from tests.kvpack.serverkit import call, open_tiny_service, running
 
 MIB = 1 << 20
+PAGE = mmap.PAGESIZE
 linux = pytest.mark.skipif(sys.platform != "linux", reason="peak RSS is read from /proc")
 
 
 @linux
 def test_the_peak_is_the_restores_own_and_misses_are_not_recorded():
-    """A restore that touches 64 MiB and frees them records a peak of about that above
+    """A restore that touches 64 MiB and frees them records a peak of at least that above
     its starting RSS; the next restore, touching nothing, records far less (the mark was
     reset, not carried over); a miss and a session continuation leave no record. Seconds,
     bytes, tier and depth are the Installed receipt's."""
@@ -32,9 +34,9 @@ def test_the_peak_is_the_restores_own_and_misses_are_not_recorded():
     slot = object.__new__(Slot)  # never touched: the meter reads only the receipt
 
     def restore_touching(nbytes: int) -> Installed:
-        scratch = bytearray(nbytes)
-        scratch[::4096] = b"\x01" * len(range(0, nbytes, 4096))  # touch every page
-        del scratch
+        if nbytes:  # fresh anonymous pages: memory the allocator kept could be reused
+            with mmap.mmap(-1, nbytes) as scratch:
+                scratch[::PAGE] = b"\x01" * (nbytes // PAGE)  # touch every page
         return Installed(slot, "durable", 512, restore_seconds=0.25, restore_bytes=3 * MIB)
 
     meter.measure(lambda: restore_touching(64 * MIB))
@@ -43,8 +45,8 @@ def test_the_peak_is_the_restores_own_and_misses_are_not_recorded():
     meter.measure(lambda: Installed(slot, "session", 512))
     big, small = meter.records()
     assert (big.tier, big.depth, big.seconds, big.bytes) == ("durable", 512, 0.25, 3 * MIB)
-    # at least most of the 64 MiB (the allocator may reuse some already resident memory)
-    assert big.peak_rss_added >= 60 * MIB > 4 * small.peak_rss_added
+    # the kernel batches RSS counts per thread (up to 64 pages behind): 63, not 64, MiB
+    assert big.peak_rss_added >= 63 * MIB > 4 * small.peak_rss_added
     assert big.rss_before > 0
 
 

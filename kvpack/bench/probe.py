@@ -1,7 +1,8 @@
 """The bench's baselines for one cut, each in a fresh process after the servers stopped
-(`python -m kvpack.bench.probe export|mlx-lm ...`; each prints one JSON line).
+(`python -m kvpack.bench.probe export|mlx-lm`, the request a JSON object on stdin, the
+answer one JSON line on stdout).
 
-- export: open the vault as `kvpack serve` did (same storage flags and namespace), take
+- export: open the vault as `kvpack serve` did (the same settings), take
   the state of `tokens` through kvpack's own API (`VaultClient.prompt_cache`: mlx-lm
   cache objects) and save it with mlx-lm's `save_prompt_cache`; report the cut's parts
   (plaintext sizes: what the floor is measured for) and, on an S3 store, a raw GET: the
@@ -16,7 +17,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import subprocess
@@ -35,17 +35,30 @@ class ProbeFailed(Exception):
     """A probe process failed or printed no answer; the message carries its stderr."""
 
 
-def _probe(python: str, argv: Sequence[str], timeout_s: float) -> dict[str, Any]:
-    cmd = [python, "-m", "kvpack.bench.probe", *argv]
+def _probe(python: str, kind: str, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Run one probe in a fresh process; its request goes on stdin (it may hold secrets)."""
+    cmd = [python, "-m", "kvpack.bench.probe", kind]
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        done = subprocess.run(cmd, input=json.dumps(request), capture_output=True, text=True,
+                              timeout=timeout_s)  # fmt: skip
     except subprocess.TimeoutExpired:
-        raise ProbeFailed(f"probe {argv[0]} timed out after {timeout_s:.0f}s") from None
+        raise ProbeFailed(f"probe {kind} timed out after {timeout_s:.0f}s") from None
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
-        raise ProbeFailed(f"probe {argv[0]} exited {done.returncode}: {done.stderr[-800:]}")
+        raise ProbeFailed(f"probe {kind} exited {done.returncode}: {done.stderr[-800:]}")
     answer: dict[str, Any] = json.loads(lines[-1])
     return answer
+
+
+def vault_settings(argv: Sequence[str]) -> dict[str, str]:
+    """`kvpack serve`'s storage flags (`--name value` pairs) as settings overrides."""
+    if len(argv) % 2 or not all(flag.startswith("--") for flag in argv[::2]):
+        raise ValueError(f"not --flag value pairs: {list(argv)!r}")
+    pairs = zip(argv[::2], argv[1::2], strict=True)
+    out = {flag[2:].replace("-", "_"): value for flag, value in pairs}
+    if "config" in out:
+        out["config_file"] = out.pop("config")
+    return out
 
 
 def measure_baseline(
@@ -57,21 +70,21 @@ def measure_baseline(
     work_dir: Path,
     timeout_s: float,
 ) -> dict[str, Any]:
-    """The baselines for the state of `tokens` in the vault `vault_argv` names (its
-    servers stopped): export (parts, S3 raw GET), mlx-lm's load + one step, and the floor
-    of the cut's part sizes on `work_dir`'s file system. A failed probe is `error`."""
+    """The baselines for the state of `tokens` in the vault that `kvpack serve`'s storage
+    flags `vault_argv` name (its servers stopped): export (parts, S3 raw GET), mlx-lm's
+    load + one step, and the floor of the cut's part sizes on `work_dir`'s file system.
+    A failed probe is `error`."""
     from cas.floor import measure_floor
 
     out: dict[str, Any] = {"export": None, "mlx_lm": None, "floor": None, "error": None}
-    tokens_file, cache = work_dir / "baseline-tokens.json", work_dir / "baseline.safetensors"
-    tokens_file.write_text(json.dumps(list(tokens)))
+    cache = str(work_dir / "baseline.safetensors")
+    export = {"settings": vault_settings(vault_argv), "model": model, "tokens": list(tokens),
+              "cache": cache, "repeats": REPEATS}  # fmt: skip
     try:
-        export = ["export", "--model", model, *vault_argv, "--tokens", str(tokens_file),
-                  "--cache", str(cache)]  # fmt: skip
-        out["export"] = found = _probe(python, export, timeout_s)
-        step = ["mlx-lm", "--model", model, "--cache", str(cache),
-                "--token", str(found["first_token"])]  # fmt: skip
-        out["mlx_lm"] = _probe(python, step, timeout_s)
+        out["export"] = found = _probe(python, "export", export, timeout_s)
+        step = {"model": model, "cache": cache, "token": found["first_token"],
+                "repeats": REPEATS}  # fmt: skip
+        out["mlx_lm"] = _probe(python, "mlx-lm", step, timeout_s)
     except ProbeFailed as e:
         out["error"] = str(e)
         return out
@@ -108,24 +121,24 @@ async def raw_get(config: Any, keys: Sequence[str], *, repeats: int = REPEATS) -
             "concurrency": config.max_concurrency}  # fmt: skip
 
 
-def export(args: argparse.Namespace) -> dict[str, Any]:
+def export(request: dict[str, Any]) -> dict[str, Any]:
     import mlx.core as mx
     from mlx_lm.models.cache import save_prompt_cache
 
     import kvpack
     from cas.chunks import ChunkStore
     from cas.s3 import S3Store
-    from kvpack.commands.common import settings_from_args
+    from kvpack.config import Settings
 
-    tokens = json.loads(Path(args.tokens).read_text())
-    with kvpack.open(settings=settings_from_args(args)) as client:
-        model = client.model(args.model)
+    tokens, cache = request["tokens"], request["cache"]
+    with kvpack.open(settings=Settings.load(**request["settings"])) as client:
+        model = client.model(request["model"])
         restored = client.prompt_cache(model, tokens)
         if restored.depth != len(tokens) or restored.logits is None:
             witnessed = restored.logits is not None
             raise SystemExit(f"the vault holds {restored.depth} of {len(tokens)} tokens "
                              f"({restored.tier}), logits witnessed: {witnessed}")  # fmt: skip
-        save_prompt_cache(args.cache, restored.caches)
+        save_prompt_cache(cache, restored.caches)
         first = mx.argmax(restored.logits).item()
         scope = model.service.tenant(client.namespace).scope
         vault = client.vault
@@ -135,8 +148,8 @@ def export(args: argparse.Namespace) -> dict[str, Any]:
         out: dict[str, Any] = {
             "tier": restored.tier, "depth": restored.depth, "first_token": first,
             "restore_seconds": restored.restore_seconds, "cut_bytes": cut.bytes,
-            "part_sizes": [p.size for p in parts], "cache_file": args.cache,
-            "cache_file_bytes": Path(args.cache).stat().st_size, "s3_get": None,
+            "part_sizes": [p.size for p in parts], "cache_file": cache,
+            "cache_file_bytes": Path(cache).stat().st_size, "s3_get": None,
             "catalog": vault.db.dialect.name,
         }  # fmt: skip
         store = vault.objects
@@ -144,47 +157,36 @@ def export(args: argparse.Namespace) -> dict[str, Any]:
         if isinstance(store, S3Store):
             prefix = store.config.key_prefix
             keys = [prefix + ChunkStore.key(p.chunk_id) for p in parts]
-            out["s3_get"] = asyncio.run(raw_get(store.config, keys, repeats=args.repeats))
+            out["s3_get"] = asyncio.run(raw_get(store.config, keys, repeats=request["repeats"]))
     return out
 
 
-def mlx_lm(args: argparse.Namespace) -> dict[str, Any]:
+def mlx_lm(request: dict[str, Any]) -> dict[str, Any]:
     import mlx.core as mx
     from mlx_lm.models.cache import load_prompt_cache
 
     from engine.models import load_model
 
-    model = load_model(args.model).model
+    model = load_model(request["model"]).model
     runs = []
-    for _ in range(args.repeats):
+    for _ in range(request["repeats"]):
         t0 = time.perf_counter()
-        cache = load_prompt_cache(args.cache)
-        logits = model(mx.array([[args.token]]), cache=cache)
+        cache = load_prompt_cache(request["cache"])
+        logits = model(mx.array([[request["token"]]]), cache=cache)
         mx.eval(mx.argmax(logits[0, -1]))
         runs.append(time.perf_counter() - t0)
     return {"first_s": runs[0], "seconds": min(runs), "runs_s": runs}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from kvpack.commands.common import add_storage_arguments
+PROBES = {"export": export, "mlx-lm": mlx_lm}
 
-    parser = argparse.ArgumentParser(prog="python -m kvpack.bench.probe")
-    sub = parser.add_subparsers(dest="probe", required=True)
-    p = sub.add_parser("export")
-    add_storage_arguments(p)
-    p.add_argument("--tokens", required=True, help="a JSON file of the cut's token ids")
-    p.add_argument("--cache", required=True, help="where to save the mlx-lm prompt cache")
-    p.add_argument("--model", required=True)
-    p.add_argument("--repeats", type=int, default=REPEATS)
-    p.set_defaults(func=export)
-    p = sub.add_parser("mlx-lm")
-    p.add_argument("--model", required=True)
-    p.add_argument("--cache", required=True)
-    p.add_argument("--token", type=int, required=True, help="the cut's first generated token")
-    p.add_argument("--repeats", type=int, default=REPEATS)
-    p.set_defaults(func=mlx_lm)
-    args = parser.parse_args(argv)
-    print(json.dumps(args.func(args)), flush=True)
+
+def main(argv: Sequence[str] | None = None) -> int:
+    (kind,) = sys.argv[1:] if argv is None else argv
+    if kind not in PROBES:
+        print(f"unknown probe {kind!r}; one of {sorted(PROBES)}", file=sys.stderr)
+        return 2
+    print(json.dumps(PROBES[kind](json.load(sys.stdin))), flush=True)
     return 0
 
 

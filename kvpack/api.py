@@ -65,7 +65,6 @@ from kvpack.vault import DEFAULT_TIMEOUT_S, Vault
 
 T = TypeVar("T")
 DEFAULT_MAX_TOKENS = 256  # as the server and mlx-lm's generate
-DEFAULT_CONTEXT_LENGTH = 4096  # when the model's configuration does not say (as the server)
 MAX_TEMPERATURE = 2.0
 MAX_STOP_STRINGS = 4
 MAX_SEED = 2**63
@@ -281,10 +280,7 @@ class Model:
         self.service = service
         loaded = service.loaded
         self.loaded = loaded
-        args = getattr(loaded.model, "args", None)
-        self.context_length: int = (
-            getattr(args, "max_position_embeddings", None) or DEFAULT_CONTEXT_LENGTH
-        )
+        self.context_length: int = loaded.context_length
 
     def __repr__(self) -> str:
         return f"Model({self.name!r}, identity={self.identity[:16]})"

@@ -3,7 +3,8 @@
 - LoadedModel: an mlx-lm module, its tokenizer, its identity and KV layout, and the path
   it was read from (None for tiny); make_cache() returns fresh mlx-lm caches. Its
   alignment is its identity's; `with_namespace` gives the same model (same module,
-  shared) under a tenant's identity.
+  shared) under a tenant's identity; `context_length` is how many tokens (prompt +
+  generated) it takes.
 - assemble: what every loader (engine/models/gguf.py, mlxdir.py, tiny) ends with: apply
   an adapter if any, measure the dtypes, read the layout and derive the identity.
 """
@@ -23,6 +24,8 @@ from engine.identity import Identity, build_identity
 from engine.layout import KVLayout, dtype_name, kv_layout_of
 from engine.tokenizer import Tokenizer
 
+DEFAULT_CONTEXT_LENGTH = 4096  # when the model's configuration does not say
+
 
 @dataclass(frozen=True)
 class LoadedModel:
@@ -38,6 +41,13 @@ class LoadedModel:
     @property
     def alignment(self) -> int:
         return self.identity.alignment
+
+    @property
+    def context_length(self) -> int:
+        """Prompt + generated tokens the model takes: its configuration's
+        max_position_embeddings, or DEFAULT_CONTEXT_LENGTH when that does not say."""
+        args = getattr(self.model, "args", None)
+        return getattr(args, "max_position_embeddings", None) or DEFAULT_CONTEXT_LENGTH
 
     def with_namespace(self, namespace: str) -> LoadedModel:
         return replace(self, identity=self.identity.with_namespace(namespace))

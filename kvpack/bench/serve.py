@@ -1,23 +1,34 @@
 """The cold/warm/miss/durable bench: what a repeated prompt costs on a server that never
 saw it, and on a restarted one.
 
-- attempt: one depth on one fresh `kvpack serve` process (its own data dir and a unique
-  namespace, so neither this machine's earlier runs nor a shared bucket and database
-  can warm it), four legs, one receipt. Attempt id: <UTC time>-<random hex>-d<depth>.
+- attempt: one depth on one fresh `kvpack serve --measure-restores` process (its own
+  data dir and a unique namespace, so neither this machine's earlier runs nor a shared
+  bucket and database can warm it), six legs, the baselines, one receipt. Attempt id:
+  <UTC time>-<random hex>-d<depth>. A depth must leave room for the generated tokens in
+  the model's context (`check_depths`).
 - leg: one streamed /v1/completions request, greedy, prompt sent as token ids:
   cold (a prompt of exactly `depth` tokens), warm (the same prompt again: the resident
   tier's turn), miss (an unrelated prompt of `miss_depth` tokens through the same path:
-  the control, which no tier should serve), durable (the same prompt once more, on a
+  the control, which no tier should serve), second (another prompt of the same depth,
+  cold: published for the restarted server), durable (the first prompt once more, on a
   NEW server process over the same data dir, store, catalog and namespace, started
   after the first one stopped gracefully, which drains its publication: an empty
-  resident tier, so only the durable tier can serve). Per leg: time to first token,
-  total time, tier, output, and the server's /metrics counters before and after.
+  resident tier, so only the durable tier can serve), durable_second (the second prompt
+  on the restarted server: also a durable restore, so first / second request after a
+  restart compares like with like). Per leg: time to first token, total time, tier,
+  output, the server's /metrics counters before and after, and the server's own record
+  of the leg's restore (GET /v1/admin/restores: seconds, bytes, peak RSS added).
   Before each leg the bench waits for the server's publication queue to drain
   (GET /healthz), recorded as `publication_before`.
+- baselines: after the restarted server stopped, the first prompt's state through
+  kvpack's API saved as an mlx-lm prompt cache, mlx-lm's load + one step, the floor of
+  the cut's bytes and on S3 a raw GET of them (kvpack/bench/probe.py); the figures and
+  targets are kvpack/bench/figures.py's, filled by `judge`.
 - valid leg: answered 200 and finished (finish reason, kvpack object, [DONE]) within its
   timeout, which grows with the depth. An invalid leg is never a correctness result:
-  `outputs_match` compares cold and warm, `outputs_match_durable` cold and durable, each
-  only when both legs are valid (else it is None).
+  `outputs_match` compares cold and warm, `outputs_match_durable` cold and durable,
+  `outputs_match_durable_second` second and durable_second, each only when both legs
+  are valid (else it is None).
 - receipt: the attempt as JSON, created exclusively (never overwritten) as
   <receipts dir>/<attempt id>.json.
 """
@@ -41,8 +52,15 @@ from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
-RECEIPT_VERSION = 1
-LEGS = ("cold", "warm", "miss", "durable")
+from kvpack.bench.figures import FIGURES_HEADER, format_figures, judge_figures
+from kvpack.bench.probe import measure_baseline
+
+RECEIPT_VERSION = 2
+LEGS = ("cold", "warm", "miss", "second", "durable", "durable_second")
+FIRST_SERVER_LEGS = ("cold", "warm", "miss", "second")
+RESTARTED_LEGS = ("durable", "durable_second")
+PROMPT_OF = {"cold": "cold", "warm": "cold", "miss": "miss", "second": "second",
+             "durable": "cold", "durable_second": "second"}  # fmt: skip
 _WORD_LIST = (
     "amber basalt cedar delta ember fjord granite harbor indigo juniper kelp lantern meadow "
     "nickel orchard pebble quartz river saffron timber umber velvet willow xenon yarrow zephyr"
@@ -52,6 +70,22 @@ WORDS = tuple(_WORD_LIST.split())
 
 class BenchError(Exception):
     """The bench could not run an attempt at all (e.g. the server never became ready)."""
+
+
+class BadDepth(BenchError, ValueError):
+    """A depth the model cannot take (it must leave room for the generated tokens)."""
+
+
+def check_depths(
+    depths: Sequence[int], *, context_length: int, max_tokens: int, model: str
+) -> None:
+    """Every depth plus the generated tokens fits the model's context; else BadDepth."""
+    room = context_length - max_tokens
+    bad = [d for d in depths if not 1 <= d <= room]
+    if bad:
+        raise BadDepth(f"depth(s) {bad} do not fit {model}: a depth plus --max-tokens "
+                       f"{max_tokens} must be within its context of {context_length} tokens, "
+                       f"so depths are 1..{room}")  # fmt: skip
 
 
 class ReceiptExists(BenchError, FileExistsError):
@@ -129,6 +163,18 @@ def _get(base_url: str, path: str, timeout_s: float) -> tuple[int, bytes]:
         conn.close()
 
 
+def server_restores(base_url: str, *, timeout_s: float = 10.0) -> list[dict[str, Any]] | None:
+    """The server's restore records (GET /v1/admin/restores); None when it does not
+    measure them (404)."""
+    status, body = _get(base_url, "/v1/admin/restores", timeout_s)
+    if status == 404:
+        return None
+    if status != 200:
+        raise LegFailed(f"GET /v1/admin/restores answered {status}")
+    restores: list[dict[str, Any]] = json.loads(body)["restores"]
+    return restores
+
+
 def settle(base_url: str, *, timeout_s: float) -> dict[str, Any]:
     """Wait until the server's publication queue is empty (GET /healthz), so a warm leg
     measures what the vault holds after the cold run, not a race with its publisher."""
@@ -159,10 +205,14 @@ def run_leg(
     try:
         leg["publication_before"] = settle(base_url, timeout_s=timeout_s)
         leg["counters_before"] = scrape(base_url)
+        restores_before = server_restores(base_url)
         leg.update(
             _stream(base_url, tokens, model=model, max_tokens=max_tokens, timeout_s=timeout_s)
         )
         leg["counters_after"] = after = scrape(base_url)
+        restores = server_restores(base_url)
+        leg["server_restores"] = (None if restores is None or restores_before is None
+                                  else restores[len(restores_before):])  # fmt: skip
         before = leg["counters_before"]
         leg["counters_delta"] = {
             k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)
@@ -279,32 +329,35 @@ def write_receipt(receipts_dir: Path, attempt_id: str, receipt: dict[str, Any]) 
 
 
 def judge(receipt: dict[str, Any]) -> None:
-    """The validity gate: fill legs_valid, leg_errors, outputs_match(_durable), the TTFT
-    ratios and the tiers; a comparison with an invalid leg is None (not judged)."""
+    """The validity gate: fill legs_valid, leg_errors, outputs_match(_durable, _durable_
+    second), the TTFT ratios and the tiers; a comparison with an invalid leg is None (not
+    judged). Then the figures and targets (kvpack/bench/figures.py)."""
     legs = receipt["legs"]
     errors = {n: (legs[n]["error"] if n in legs else "not run") for n in LEGS}
     receipt["leg_errors"] = {n: e for n, e in errors.items() if e is not None}
     receipt["legs_valid"] = not receipt["leg_errors"]
-    cold, warm, miss, durable = (legs.get(n) if errors[n] is None else None for n in LEGS)
+    valid = {n: legs[n] if errors[n] is None else None for n in LEGS}
+    cold, warm, miss, durable = (valid[n] for n in ("cold", "warm", "miss", "durable"))
 
-    def match(other: dict[str, Any] | None) -> bool | None:
-        if cold is None or other is None:
+    def match(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool | None:
+        if a is None or b is None:
             return None
-        return (cold["output"], cold["completion_tokens"]) == (
-            other["output"], other["completion_tokens"])  # fmt: skip
+        return (a["output"], a["completion_tokens"]) == (b["output"], b["completion_tokens"])
 
     def ratio(other: dict[str, Any] | None) -> float | None:
         if cold and other and cold["ttft_s"] and other["ttft_s"]:
             return cold["ttft_s"] / other["ttft_s"]
         return None
 
-    receipt["outputs_match"] = match(warm)
-    receipt["outputs_match_durable"] = match(durable)
+    receipt["outputs_match"] = match(cold, warm)
+    receipt["outputs_match_durable"] = match(cold, durable)
+    receipt["outputs_match_durable_second"] = match(valid["second"], valid["durable_second"])
     receipt["ttft_ratio_cold_to_warm"] = ratio(warm)
     receipt["ttft_ratio_cold_to_durable"] = ratio(durable)
     receipt["warm_tier"] = warm["tier"] if warm else None
     receipt["durable_tier"] = durable["tier"] if durable else None
     receipt["miss_served_by_no_tier"] = None if miss is None else miss["tier"] == "none"
+    judge_figures(receipt, LEGS)
 
 
 class ServerProcess:
@@ -385,16 +438,18 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
 def run_attempt(
     plan: Plan, depth: int, prompts: dict[str, list[int]], *, run_id: str
 ) -> tuple[dict[str, Any], Path]:
-    """One depth: cold, warm and miss on a fresh server, then durable on a restarted one
-    (same data dir and namespace); judged, and a receipt written."""
+    """One depth: cold, warm, miss and second on a fresh server, then durable and
+    durable_second on a restarted one (same data dir and namespace), then the baselines;
+    judged, and a receipt written."""
     attempt_id = f"{new_run_id()}-d{depth}"  # its own random part: a depth may repeat
     data_dir = plan.work_dir / attempt_id
     data_dir.mkdir(parents=True)
     namespace = f"{plan.namespace}-{attempt_id}"
+    vault_argv = ["--data-dir", str(data_dir), "--namespace", namespace, *plan.storage_argv,
+                  *plan.serve_argv]  # fmt: skip
     # --no-auth: the child listens on loopback only and serves this bench alone.
     argv = [plan.python, "-m", "kvpack.cli", "serve", "--host", "127.0.0.1", "--port", "0",
-            "--no-auth", "--model", plan.model, "--data-dir", str(data_dir),
-            "--namespace", namespace, *plan.storage_argv, *plan.serve_argv]  # fmt: skip
+            "--no-auth", "--measure-restores", "--model", plan.model, *vault_argv]  # fmt: skip
     receipt: dict[str, Any] = {
         "kind": "kvpack.bench.attempt",
         "version": RECEIPT_VERSION,
@@ -409,8 +464,8 @@ def run_attempt(
         "server": {"argv": redact_argv(argv)},
         "legs": {},
     }
-    servers = (("server", "serve.log", ("cold", "warm", "miss")),
-               ("restarted_server", "serve-restarted.log", ("durable",)))  # fmt: skip
+    servers = (("server", "serve.log", FIRST_SERVER_LEGS),
+               ("restarted_server", "serve-restarted.log", RESTARTED_LEGS))  # fmt: skip
     try:
         for key, log, names in servers:
             server = ServerProcess(argv, data_dir / log, plan.startup_timeout_s)
@@ -418,12 +473,17 @@ def run_attempt(
             with server:
                 receipt[key].update(server.record())
                 for name in names:
-                    tokens = prompts["miss" if name == "miss" else "cold"]
+                    tokens = prompts[PROMPT_OF[name]]
                     receipt["legs"][name] = run_leg(
                         server.url, name, tokens, model=plan.model, max_tokens=plan.max_tokens,
                         timeout_s=plan.leg_timeout(len(tokens)),
                     )  # fmt: skip
             receipt[key]["exit_code"] = server.exit_code
+        receipt["baseline"] = measure_baseline(
+            python=plan.python, model=plan.model, vault_argv=vault_argv,
+            tokens=prompts["cold"], work_dir=data_dir,
+            timeout_s=plan.startup_timeout_s + plan.leg_timeout(depth),
+        )  # fmt: skip
     except BenchError as e:
         receipt["server_error"] = str(e)
     receipt["finished_at"] = datetime.now(UTC).isoformat()
@@ -437,17 +497,20 @@ def run_bench(plan: Plan, tokenizer: Any, *, out: Any = None) -> list[dict[str, 
     run_id = new_run_id()
     miss = prompt_tokens(tokenizer, plan.miss_depth, seed=2, title="Unrelated control passage.")
     receipts = []
-    print(HEADER, file=out, flush=True)
     for depth in plan.depths:
-        cold = prompt_tokens(tokenizer, depth, seed=1, title="Field notes of the survey.")
-        receipt, path = run_attempt(plan, depth, {"cold": cold, "miss": miss}, run_id=run_id)
+        prompts = {
+            "cold": prompt_tokens(tokenizer, depth, seed=1, title="Field notes of the survey."),
+            "second": prompt_tokens(tokenizer, depth, seed=3, title="Minutes of the harbor board."),
+            "miss": miss,
+        }
+        receipt, path = run_attempt(plan, depth, prompts, run_id=run_id)
         receipt["receipt_path"] = str(path)
         print(format_attempt(receipt), file=out, flush=True)
         receipts.append(receipt)
     return receipts
 
 
-HEADER = (f"{'depth':>6} {'leg':<7} {'tier':<9} {'cached':>6} {'ttft_s':>8} {'total_s':>8} "
+HEADER = (f"{'depth':>6} {'leg':<14} {'tier':<9} {'cached':>6} {'ttft_s':>8} {'total_s':>8} "
           f"{'cold/leg':>8}  valid")  # fmt: skip
 
 
@@ -460,14 +523,14 @@ def format_attempt(receipt: dict[str, Any]) -> str:
 
     ratios = {"warm": receipt["ttft_ratio_cold_to_warm"],
               "durable": receipt["ttft_ratio_cold_to_durable"]}  # fmt: skip
-    rows = []
+    rows = [HEADER]
     for name in LEGS:
         leg = receipt["legs"].get(name)
         if leg is None:
-            rows.append(f"{receipt['depth']:>6} {name:<7} (not run)")
+            rows.append(f"{receipt['depth']:>6} {name:<14} (not run)")
             continue
         valid = "yes" if leg["valid"] else f"NO ({leg['error']})"
-        rows.append(f"{receipt['depth']:>6} {name:<7} {leg.get('tier', '-'):<9} "
+        rows.append(f"{receipt['depth']:>6} {name:<14} {leg.get('tier', '-'):<9} "
                     f"{leg.get('cached_tokens', '-'):>6} {num(leg.get('ttft_s')):>8} "
                     f"{num(leg.get('total_s')):>8} {times(ratios.get(name)):>8}  "
                     f"{valid}")  # fmt: skip
@@ -477,14 +540,20 @@ def format_attempt(receipt: dict[str, Any]) -> str:
         f"cold/durable TTFT {times(ratios['durable'])}, warm tier {receipt['warm_tier']}, "
         f"durable tier {receipt['durable_tier']}, "
         f"outputs_match {judged[receipt['outputs_match']]}, "
-        f"outputs_match_durable {judged[receipt['outputs_match_durable']]}"
+        f"outputs_match_durable {judged[receipt['outputs_match_durable']]}, "
+        f"outputs_match_durable_second {judged[receipt['outputs_match_durable_second']]}"
     )
     if "server_error" in receipt:
         summary += f", server error: {receipt['server_error']}"
-    return "\n".join([*rows, summary, f"  receipt {receipt.get('receipt_path', '-')}"])
+    return "\n".join([*rows, FIGURES_HEADER, format_figures(receipt), summary,
+                      f"  receipt {receipt.get('receipt_path', '-')}"])  # fmt: skip
 
 
 def passed(receipts: Sequence[dict[str, Any]]) -> bool:
     return all(
-        r["legs_valid"] and r["outputs_match"] and r["outputs_match_durable"] for r in receipts
+        r["legs_valid"]
+        and r["outputs_match"]
+        and r["outputs_match_durable"]
+        and r["outputs_match_durable_second"]
+        for r in receipts
     )

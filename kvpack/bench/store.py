@@ -2,11 +2,15 @@
 
 Rows (MiB/s of plaintext):
 - blake3: keyed chunk ids of every chunk, in this process.
-- seal / open: AES-256-GCM-SIV over every chunk, one thread (open includes the re-hash).
+- seal / open: the chunk seal (format 2: AES-256-GCM under a per-chunk key) over every
+  chunk, one thread (open includes the re-hash).
 - chunk store put / get_many on each backend (local directory, S3): digest, seal,
   verify, put-if-absent; fetch, verify, decrypt into one buffer.
 - raw baselines of the same bytes without sealing: boto3 put_object / get_object with
   a thread pool of the same concurrency; plain files written with fsync and read back.
+- floor: the machine's floor for the same chunks (cas/floor.py: file read into a reused
+  buffer + AES-256-GCM open + BLAKE3, one thread); beside every get, the fraction of
+  the floor's rate it reaches (floor seconds / get seconds).
 
 Validity gate: every get is compared with what was put; a mismatch marks the row
 INVALID and the command exits 1. Each backend writes under a fresh prefix, and
@@ -30,6 +34,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from cas.chunks import ChunkStore
+from cas.floor import Floor, measure_floor
 from cas.ids import ChunkId
 from cas.keys import Keyring
 from cas.local import LocalDirStore
@@ -72,7 +77,8 @@ def _timed(fn: Callable[[], T]) -> tuple[float, T]:
     return time.perf_counter() - t0, out
 
 
-def run(opts: BenchOptions, *, log: Callable[[str], None] = print) -> list[Row]:
+def run(opts: BenchOptions, *, log: Callable[[str], None] = print) -> tuple[list[Row], Floor]:
+    """Every row, and the floor of the same chunks."""
     if not 1 <= opts.chunk_mib <= opts.total_mib:
         raise ValueError(f"chunk size {opts.chunk_mib} MiB must be within 1..{opts.total_mib}")
     n = opts.total_mib // opts.chunk_mib
@@ -85,6 +91,8 @@ def run(opts: BenchOptions, *, log: Callable[[str], None] = print) -> list[Row]:
     rows = _crypto_rows(chunks, ring, total)
     with tempfile.TemporaryDirectory(prefix="kvpack-bench-", dir=opts.work_dir) as tmp:
         work = Path(tmp)
+        log("floor ...")
+        floor = measure_floor([size] * n, directory=work)
         if "local" in opts.backends:
             log("local directory ...")
             rows += _local_rows(chunks, data, ring, work / "local", opts)
@@ -92,7 +100,7 @@ def run(opts: BenchOptions, *, log: Callable[[str], None] = print) -> list[Row]:
             with _s3_target(opts, work / "seaweedfs", log) as cfg:
                 log(f"s3 at {cfg.endpoint_url} ...")
                 rows += _s3_rows(chunks, data, ring, cfg, opts)
-    return rows
+    return rows, floor
 
 
 def _crypto_rows(chunks: list[memoryview], ring: Keyring, total: int) -> list[Row]:
@@ -111,8 +119,8 @@ def _crypto_rows(chunks: list[memoryview], ring: Keyring, total: int) -> list[Ro
     t_open, _ = _timed(open_all)
     return [
         Row("blake3 (keyed, chunk id)", "cpu", "hash", total, t_hash),
-        Row("AES-256-GCM-SIV", "cpu", "seal", total, t_seal),
-        Row("AES-256-GCM-SIV + re-hash", "cpu", "open", total, t_open),
+        Row("chunk seal", "cpu", "seal", total, t_seal),
+        Row("chunk seal + re-hash", "cpu", "open", total, t_open),
     ]
 
 
@@ -220,18 +228,31 @@ def _s3_target(
         yield cfg
 
 
-def format_table(rows: list[Row], opts: BenchOptions) -> str:
-    head = f"{'path':<28} {'backend':<7} {'op':<5} {'MiB':>6} {'seconds':>8} {'MiB/s':>8}"
+def floor_fraction(row: Row, floor: Floor) -> float | None:
+    """The fraction of the floor's rate a get of the floor's bytes reaches; else None."""
+    if row.op != "get" or row.nbytes != floor.bytes or row.seconds <= 0:
+        return None
+    return floor.seconds / row.seconds
+
+
+def format_table(rows: list[Row], floor: Floor, opts: BenchOptions) -> str:
+    head = (f"{'path':<28} {'backend':<7} {'op':<5} {'MiB':>6} {'seconds':>8} {'MiB/s':>8} "
+            f"{'x floor':>7}")  # fmt: skip
     lines = [
         f"kvpack bench-store: {opts.total_mib // opts.chunk_mib} chunks x {opts.chunk_mib} MiB, "
         f"concurrency {opts.concurrency}, {os.cpu_count()} CPUs",
+        f"floor (read into a reused buffer + AES-256-GCM open + BLAKE3, one thread): "
+        f"{floor.seconds:.3f} s, {floor.rate / MiB:.1f} MiB/s (read {floor.read_s:.3f} s, "
+        f"open {floor.open_s:.3f} s, hash {floor.hash_s:.3f} s)",
         head,
         "-" * len(head),
     ]
     for r in rows:
         flag = "" if r.valid else "  INVALID (bytes differ)"
+        fraction = floor_fraction(r, floor)
+        share = "-" if fraction is None else f"{fraction:.2f}"
         lines.append(
             f"{r.path:<28} {r.backend:<7} {r.op:<5} {r.nbytes / MiB:>6.0f} "
-            f"{r.seconds:>8.2f} {r.mib_s:>8.1f}{flag}"
+            f"{r.seconds:>8.2f} {r.mib_s:>8.1f} {share:>7}{flag}"
         )
     return "\n".join(lines)

@@ -1,5 +1,9 @@
-"""`kvpack bench`: cold / warm / miss legs per depth, each depth on a fresh server, then a
-durable leg on a restarted server (same data dir and namespace, empty resident tier).
+"""`kvpack bench`: cold / warm / miss / second legs per depth, each depth on a fresh
+server, then two durable legs on a restarted server (same data dir and namespace, empty
+resident tier), then the baselines (the floor, a raw S3 GET, mlx-lm's load + one step)
+and the restore targets, met or missed (kvpack/bench/serve.py, figures.py, probe.py).
+Depths run up to the model's context, less the generated tokens; a depth beyond is an
+error before anything starts.
 
 Against the embedded default (a fresh data dir per depth) or a shared object store and
 catalog (--store-url / --database-url, a unique namespace per attempt). Receipts go to
@@ -49,13 +53,21 @@ def register(sub: Subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from engine.models import ModelLoadError, load_model
-    from kvpack.bench.serve import BenchError, Plan, passed, run_bench
+    from kvpack.bench.serve import BadDepth, BenchError, Plan, check_depths, passed, run_bench
 
     try:
-        tokenizer = load_model(args.model).tokenizer  # prompts are cut from its encoding
+        loaded = load_model(args.model)  # prompts are cut from its tokenizer's encoding
     except ModelLoadError as e:
         print(f"kvpack bench: {e}")
         return 2
+    try:
+        depths = (*args.depths, args.miss_depth)
+        check_depths(depths, context_length=loaded.context_length, max_tokens=args.max_tokens,
+                     model=args.model)  # fmt: skip
+    except BadDepth as e:
+        print(f"kvpack bench: {e}")
+        return 2
+    tokenizer = loaded.tokenizer
     work_dir = Path(args.data_dir) if args.data_dir else Path(tempfile.mkdtemp(prefix="kvpack-"))
     serve_argv = [] if args.alignment is None else ["--alignment", str(args.alignment)]
     plan = Plan(

@@ -1,8 +1,8 @@
 """`kvpack demo` (`make demo`): the bench on the demo model against the embedded default.
 
 A temporary data dir (SQLite + a local object directory), a fresh server per depth,
-cold / warm / miss legs, a durable leg on a restarted server, and the table. Receipts go
-to ./receipts.
+cold / warm / miss / second legs, two durable legs on a restarted server, the baselines,
+and the tables (kvpack/commands/bench.py). Receipts go to ./receipts.
 """
 
 from __future__ import annotations

@@ -59,6 +59,9 @@ def register(sub: Subparsers) -> None:
                         f"derived from the context length (default {MAX_BODY_MIB})")  # fmt: skip
     p.add_argument("--no-auth", action="store_true",
                    help="no API keys: anyone may call (only with a loopback --host)")  # fmt: skip
+    p.add_argument("--measure-restores", action="store_true",
+                   help="record each restore's seconds, bytes and peak RSS added "
+                   "(GET /v1/admin/restores; kvpack bench uses it)")  # fmt: skip
     p.add_argument("--store-budget", metavar="SIZE", help="vault byte budget, e.g. 50GiB")
     p.add_argument("--gc-interval", metavar="DURATION",
                    help="how often the maintainer collects (default 5m; 0: never)")  # fmt: skip
@@ -111,6 +114,10 @@ def run(args: argparse.Namespace) -> int:
     except (ModelLoadError, InvalidRequest) as e:
         print(f"kvpack serve: {e}")
         return 2
+    if args.measure_restores:
+        from kvpack.service.restores import RestoreMeter
+
+        service.restores = RestoreMeter()
     deadline = Deadline(settings.drain_timeout_s)
     try:
         asyncio.run(_serve(service, settings, args, deadline))

@@ -8,6 +8,9 @@
          drop quarantined imports older than the retention. Every field is checked
          before anything is deleted: an integer is an int (true is not 1), a number is
          finite and at most MAX_SECONDS, and an unknown field is refused.
+- GET    /v1/admin/restores: what each restore cost inside this process (seconds,
+         bytes, peak RSS added; kvpack/service/restores.py), oldest first; 404 unless
+         the server measures them (`kvpack serve --measure-restores`).
 - POST   /v1/admin/keys/rotate: a new producer signing key, endorsed by the current
          one (catalog/signing.py); returns the public bundle for peers.
 Each runs off the event loop: they touch the catalog and the object store. Ids are
@@ -45,6 +48,7 @@ def add_routes(app: web.Application, service: Service, producer_key_path: Path |
     app.router.add_get("/v1/admin/quarantine/{import_id}", quarantine_show)
     app.router.add_delete("/v1/admin/quarantine/{import_id}", quarantine_drop)
     app.router.add_post("/v1/admin/gc", gc)
+    app.router.add_get("/v1/admin/restores", restores)
     if producer_key_path is not None:
         app[KEY_PATH] = producer_key_path
         app.router.add_post("/v1/admin/keys/rotate", rotate)
@@ -107,6 +111,15 @@ async def gc(request: web.Request) -> web.Response:
         }
 
     return web.json_response(await asyncio.to_thread(run))
+
+
+async def restores(request: web.Request) -> web.Response:
+    known(request.query, set())
+    meter = request.app[ADMIN].restores
+    if meter is None:
+        raise ApiError(404, "restores are not measured: start the server with "
+                       "--measure-restores", code="not_found")  # fmt: skip
+    return web.json_response({"restores": [r.to_json() for r in meter.records()]})
 
 
 async def rotate(request: web.Request) -> web.Response:

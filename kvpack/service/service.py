@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -52,6 +53,7 @@ from kvpack.remote.peers import Peer, load_peers
 from kvpack.remote.quarantine import Quarantine
 from kvpack.service.detok import TextStream
 from kvpack.service.publication import DURABLE_EVERY, Publication
+from kvpack.service.restores import RestoreMeter
 from kvpack.tiers.durable import DurableTier
 from kvpack.tiers.ladder import Ladder
 from kvpack.tiers.resident import DEFAULT_BUDGET_BYTES, ResidentTier
@@ -144,6 +146,7 @@ class Service:
         self._tenants_lock = threading.Lock()
         self._closed = False
         self._close_vault = close_vault
+        self.restores: RestoreMeter | None = None  # kvpack serve --measure-restores
         self.tenant(loaded.identity.namespace)
 
     @classmethod
@@ -283,7 +286,8 @@ class Service:
             return Completion(tokens=[], text="", finish_reason="cancelled", **base)
         chain = tenant.scope.chain(tokens)
         started = time.perf_counter()
-        installed = self.ladder.serve(tenant, tokens)
+        serve = partial(self.ladder.serve, tenant, tokens)
+        installed = serve() if self.restores is None else self.restores.measure(serve)
         slot = installed.slot
         yield "lookup"
         base.update(cached_tokens=installed.depth, tier=installed.tier,

@@ -53,6 +53,7 @@ class Installed:
     tier: str  # "session" | "resident" | "durable" | "remote" | "none"
     depth: int  # tokens the tier supplied
     restore_seconds: float = 0.0
+    restore_bytes: int = 0  # the receipt's manifest bytes (or the resident estimate)
 
 
 class Ladder:
@@ -95,7 +96,8 @@ class Ladder:
             slot.reset()
             return Installed(slot, "none", 0)
         _, receipt = found
-        return Installed(slot, receipt.tier, receipt.depth, receipt.restore_seconds)
+        restored = receipt.manifest_bytes or receipt.estimated_bytes or 0
+        return Installed(slot, receipt.tier, receipt.depth, receipt.restore_seconds, restored)
 
     def restore(self, ask: Ask, install: Callable[[Cut], T]) -> tuple[T, CommittedRestore] | None:
         """Steps 2-5 without the session rung: the planned candidates, deepest first,

@@ -60,7 +60,11 @@ def test_a_leg_that_times_out_is_invalid_and_outputs_are_not_compared(service):
     assert not slow["valid"] and slow["error"] == "timed out after 1s"
 
     durable = {**warm, "leg": "durable", "tier": "durable"}
-    good = {"legs": {"cold": cold, "warm": warm, "miss": miss, "durable": durable}}
+    second = {**cold, "leg": "second"}
+    durable_second = {**durable, "leg": "durable_second"}
+    legs = {"cold": cold, "warm": warm, "miss": miss, "second": second, "durable": durable,
+            "durable_second": durable_second}  # fmt: skip
+    good = {"legs": legs}
     judge(good)
     assert good["legs_valid"] and good["leg_errors"] == {} and good["outputs_match"] is True
     assert good["outputs_match_durable"] is True and good["durable_tier"] == "durable"
@@ -72,14 +76,14 @@ def test_a_leg_that_times_out_is_invalid_and_outputs_are_not_compared(service):
     assert wrong["legs_valid"] and wrong["outputs_match"] is True
     assert wrong["outputs_match_durable"] is False and not passed([wrong])
 
-    gated = {"legs": {"cold": slow, "warm": warm, "miss": miss, "durable": durable}}
+    gated = {"legs": {**legs, "cold": slow}}
     judge(gated)
     assert gated["legs_valid"] is False
     assert gated["leg_errors"] == {"cold": "timed out after 1s"}
     assert gated["outputs_match"] is None and gated["ttft_ratio_cold_to_warm"] is None
     assert gated["outputs_match_durable"] is None and gated["ttft_ratio_cold_to_durable"] is None
 
-    missing = {"legs": {"cold": cold, "warm": warm, "miss": miss}}
+    missing = {"legs": {n: leg for n, leg in legs.items() if n != "durable"}}
     judge(missing)
     assert missing["leg_errors"] == {"durable": "not run"} and not passed([missing])
     assert missing["outputs_match"] is True and missing["outputs_match_durable"] is None
@@ -95,12 +99,13 @@ def test_receipts_are_created_exclusively(tmp_path):
 
 
 def test_bench_cli_on_tiny_cold_warm_miss_durable(tmp_path, capsys):
-    """`kvpack bench` end to end: a fresh server, four valid legs, cold served by no tier,
-    warm by the resident tier with every prompt token cached and identical output, the
-    miss control by no tier; then the durable leg on a second server process (another
+    """`kvpack bench` end to end: a fresh server, valid legs, cold and second served by no
+    tier, warm by the resident tier with every prompt token cached and identical output,
+    the miss control by no tier; then the durable legs on a second server process (another
     pid, counters from zero, the first one exited cleanly) over the same data dir and
-    namespace: served by the durable tier with every token cached and the cold leg's
-    output. The receipt on disk says the same and the table is printed."""
+    namespace: served by the durable tier with every token cached and the cold legs'
+    outputs. The receipt on disk (version 2) says the same and carries the server's own
+    restore records, the baselines and the targets; the tables are printed."""
     receipts = tmp_path / "receipts"
     code = cli.main(["bench", "--model", "tiny", "--depths", "128", "--alignment", str(TINY_A),
                      "--max-tokens", "4", "--miss-depth", "64", "--receipts-dir", str(receipts),
@@ -112,7 +117,8 @@ def test_bench_cli_on_tiny_cold_warm_miss_durable(tmp_path, capsys):
     assert path.name == f"{receipt['attempt_id']}.json"
     assert receipt["legs_valid"] and receipt["outputs_match"] is True
     legs = receipt["legs"]
-    assert [legs[n]["tier"] for n in LEGS] == ["none", "resident", "none", "durable"]
+    tiers = ["none", "resident", "none", "none", "durable", "durable"]
+    assert [legs[n]["tier"] for n in LEGS] == tiers and receipt["version"] == 2
     assert legs["warm"]["cached_tokens"] == 128 and legs["cold"]["prompt_tokens"] == 128
     assert legs["miss"]["prompt_tokens"] == 64 and receipt["miss_served_by_no_tier"]
     assert legs["warm"]["counters_delta"]["kvpack_hits_total:resident"] == 1
@@ -130,6 +136,27 @@ def test_bench_cli_on_tiny_cold_warm_miss_durable(tmp_path, capsys):
     before = durable["counters_before"]  # a fresh process: nothing served before this leg
     assert before.get("kvpack_misses_total", 0) == 0 == before.get("kvpack_hits_total:resident", 0)
     assert "cold/durable TTFT" in out and "outputs_match_durable yes" in out
+    assert receipt["outputs_match_durable_second"] is True
+
+    # The server measured each restore itself; the cold legs restored nothing.
+    (record,) = durable["server_restores"]
+    assert record["tier"] == "durable" and record["depth"] == 128
+    assert legs["cold"]["server_restores"] == [] == legs["second"]["server_restores"]
+    assert legs["durable_second"]["server_restores"][0]["tier"] == "durable"
+    assert record["peak_rss_added"] is not None and record["seconds"] > 0
+    # The baselines are of the same bytes and state: the cut the durable leg restored.
+    baseline = receipt["baseline"]
+    assert baseline["error"] is None and baseline["export"]["store"] == "local"
+    assert baseline["export"]["tier"] == "durable" and baseline["export"]["depth"] == 128
+    assert baseline["floor"]["bytes"] == record["bytes"] == baseline["export"]["cut_bytes"]
+    assert baseline["export"]["s3_get"] is None and baseline["mlx_lm"]["seconds"] > 0
+    fig = receipt["figures"]["durable"]
+    assert fig["restore_s"] == record["seconds"] and fig["bytes"] == record["bytes"]
+    assert fig["floor_fraction"] == baseline["floor"]["seconds"] / record["seconds"]
+    assert fig["ttft_vs_mlx_lm"] == durable["ttft_s"] / baseline["mlx_lm"]["seconds"]
+    assert len(receipt["targets"]) == 5
+    assert all(t["met"] is not None for t in receipt["targets"])  # every input was there
+    assert "target durable restore rate / floor" in out and "x floor" in out
 
 
 @pytest.mark.s3
@@ -151,4 +178,13 @@ def test_bench_against_shared_s3_and_postgres(tmp_path, s3_server, s3_bucket, db
         assert receipt["legs_valid"] and receipt["outputs_match"] is True
         assert receipt["legs"]["cold"]["tier"] == "none"
         assert "***" in receipt["server"]["argv"]  # the secret key is not in the receipt
+        baseline = receipt["baseline"]  # the raw GET of the same sealed chunk objects
+        export = baseline["export"]
+        assert baseline["error"] is None and export["store"] == "s3"
+        assert export["catalog"] == "postgresql"
+        assert export["s3_get"]["objects"] == len(export["part_sizes"])
+        assert export["s3_get"]["bytes"] > export["cut_bytes"]  # sealed: headers and tags
+        fig = receipt["figures"]["durable"]
+        assert fig["s3_get_fraction"] == export["s3_get"]["seconds"] / fig["restore_s"]
+        assert receipt["targets"][0]["target"] == "durable restore rate / raw S3 GET"
     assert receipts[0]["namespace"] != receipts[1]["namespace"]

@@ -1,0 +1,151 @@
+"""The bench's figures and targets, computed from one attempt's receipt, and the tables
+that print them.
+
+- leg figures: per leg, time to first token (client side), and from the server's own
+  restore measurement (kvpack/service/restores.py) the restore seconds, bytes restored,
+  MB/s (10^6 bytes) and the peak RSS added; beside them, from the same run, the
+  baselines of the same bytes or state: the floor (cas/floor.py) and, on S3, a raw
+  aiobotocore GET (kvpack/bench/probe.py) — each as seconds and as the fraction of the
+  baseline's rate the restore reached (baseline seconds / restore seconds, so only for
+  a restore of exactly the baseline's bytes) — and mlx-lm's `load_prompt_cache` + one
+  step for the prompt's state, with TTFT / that.
+- targets: ratios with a bound and met (True), missed (False) or not judged (None: an
+  input is missing, e.g. an invalid leg):
+  durable restore rate >= 0.5 x the floor (local store) or >= 0.7 x the raw GET (S3);
+  resident TTFT <= 0.6 x mlx-lm; durable TTFT <= 1.5 x mlx-lm (local) or <= 2.0 x (S3);
+  peak RSS added by the durable restore <= 2 x the cut's bytes; the first durable request
+  after a restart <= 1.2 x the second (another prompt of the same depth).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+MB = 1_000_000
+PROMPT_A_LEGS = ("cold", "warm", "durable")  # the legs on the prompt the baselines are for
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def restore_of(leg: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The server's record of the leg's restore (None: no restore, or not measured)."""
+    records = leg.get("server_restores") or []
+    return records[-1] if records else None
+
+
+def leg_figures(name: str, leg: Mapping[str, Any], baseline: Mapping[str, Any]) -> dict[str, Any]:
+    record = restore_of(leg) if leg.get("valid") else None
+    seconds = record["seconds"] if record else None
+    nbytes = record["bytes"] if record else None
+    floor, s3_get = baseline.get("floor"), (baseline.get("export") or {}).get("s3_get")
+    mlx = (baseline.get("mlx_lm") or {}).get("seconds")
+
+    def beside(base: Mapping[str, Any] | None, same_bytes: int | None) -> tuple[Any, Any]:
+        """The baseline beside a durable restore; its fraction if of the same bytes."""
+        if base is None or record is None or record["tier"] != "durable":
+            return None, None
+        same = nbytes == same_bytes
+        return base["seconds"], _ratio(base["seconds"], seconds) if same else None
+
+    cut_bytes = (baseline.get("export") or {}).get("cut_bytes")
+    floor_s, floor_x = beside(floor, floor and floor["bytes"])
+    get_s, get_x = beside(s3_get, cut_bytes)
+    ttft = leg.get("ttft_s") if leg.get("valid") else None
+    on_a = name in PROMPT_A_LEGS
+    peak = record["peak_rss_added"] if record else None
+    return {
+        "leg": name,
+        "tier": leg.get("tier"),
+        "ttft_s": ttft,
+        "restore_s": seconds,
+        "bytes": nbytes,
+        "mb_s": _ratio(nbytes / MB if nbytes is not None else None, seconds),
+        "peak_rss_added": peak,
+        "peak_rss_per_byte": _ratio(peak, nbytes),
+        "floor_s": floor_s,
+        "floor_fraction": floor_x,
+        "s3_get_s": get_s,
+        "s3_get_fraction": get_x,
+        "mlx_lm_s": mlx if on_a else None,
+        "ttft_vs_mlx_lm": _ratio(ttft, mlx) if on_a else None,
+    }
+
+
+def _target(name: str, value: float | None, op: str, bound: float) -> dict[str, Any]:
+    met = None if value is None else (value <= bound if op == "<=" else value >= bound)
+    return {"target": name, "value": value, "op": op, "bound": bound, "met": met}
+
+
+def targets(figures: Mapping[str, Mapping[str, Any]], store: str | None) -> list[dict[str, Any]]:
+    """The restore targets for one attempt; `store` is "s3" or "local" (None: unknown)."""
+    warm, durable = figures.get("warm", {}), figures.get("durable", {})
+    second = figures.get("durable_second", {})
+    s3 = store == "s3"
+    rate = (
+        _target("durable restore rate / raw S3 GET", durable.get("s3_get_fraction"), ">=", 0.7)
+        if s3
+        else _target("durable restore rate / floor", durable.get("floor_fraction"), ">=", 0.5)
+    )
+    return [
+        rate,
+        _target("resident TTFT / mlx-lm", warm.get("ttft_vs_mlx_lm"), "<=", 0.6),
+        _target(
+            f"durable TTFT / mlx-lm ({store or '?'})",
+            durable.get("ttft_vs_mlx_lm"),
+            "<=",
+            2.0 if s3 else 1.5,
+        ),  # fmt: skip
+        _target("durable peak RSS added / cut bytes", durable.get("peak_rss_per_byte"), "<=", 2.0),
+        _target(
+            "first / second request after restart",
+            _ratio(durable.get("ttft_s"), second.get("ttft_s")),
+            "<=",
+            1.2,
+        ),  # fmt: skip
+    ]
+
+
+def judge_figures(receipt: dict[str, Any], legs: tuple[str, ...]) -> None:
+    """Fill `figures` (per leg) and `targets` from the legs and the baselines."""
+    baseline = receipt.get("baseline") or {}
+    figures = {n: leg_figures(n, receipt["legs"][n], baseline) for n in legs
+               if n in receipt["legs"]}  # fmt: skip
+    receipt["figures"] = figures
+    receipt["targets"] = targets(figures, (baseline.get("export") or {}).get("store"))
+
+
+FIGURES_HEADER = (
+    f"{'depth':>6} {'leg':<14} {'tier':<9} {'ttft_s':>7} {'restore_s':>9} {'MB':>7} "
+    f"{'MB/s':>7} {'floor_s':>7} {'x floor':>7} {'s3get_s':>7} {'x get':>6} "
+    f"{'mlx-lm_s':>8} {'ttft/mlx':>8} {'peak MB':>7}"
+)
+
+
+def _num(v: float | None, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def format_figures(receipt: Mapping[str, Any]) -> str:
+    rows = []
+    for f in receipt.get("figures", {}).values():
+        mb = None if f["bytes"] is None else f["bytes"] / MB
+        peak = None if f["peak_rss_added"] is None else f["peak_rss_added"] / MB
+        rows.append(
+            f"{receipt['depth']:>6} {f['leg']:<14} {f['tier'] or '-':<9} "
+            f"{_num(f['ttft_s'], '.3f'):>7} {_num(f['restore_s'], '.3f'):>9} "
+            f"{_num(mb, '.1f'):>7} {_num(f['mb_s'], '.0f'):>7} {_num(f['floor_s'], '.3f'):>7} "
+            f"{_num(f['floor_fraction'], '.2f'):>7} {_num(f['s3_get_s'], '.3f'):>7} "
+            f"{_num(f['s3_get_fraction'], '.2f'):>6} {_num(f['mlx_lm_s'], '.3f'):>8} "
+            f"{_num(f['ttft_vs_mlx_lm'], '.2f'):>8} {_num(peak, '.1f'):>7}"
+        )
+    verdict = {True: "met", False: "MISSED", None: "not judged"}
+    for t in receipt.get("targets", []):
+        rows.append(f"  target {t['target']}: {_num(t['value'], '.2f')} "
+                    f"(bound {t['op']} {t['bound']}) {verdict[t['met']]}")  # fmt: skip
+    error = (receipt.get("baseline") or {}).get("error")
+    if error:
+        rows.append(f"  baseline error: {error}")
+    return "\n".join(rows)

@@ -1,0 +1,138 @@
+"""kvpack bench's figures and targets: computed from the legs, the server's restore
+records and the baselines they are given (random inputs, so no result is built in), and
+printed; a bad depth is refused before anything runs."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kvpack import cli
+from kvpack.bench.figures import MB, format_figures, judge_figures
+from kvpack.bench.serve import LEGS, BadDepth, check_depths
+
+MIB = 1 << 20
+
+
+def leg(tier: str, ttft: float, restore: dict | None = None, *, valid: bool = True) -> dict:
+    return {"valid": valid, "tier": tier, "ttft_s": ttft,
+            "server_restores": [] if restore is None else [restore]}  # fmt: skip
+
+
+def record(tier: str, seconds: float, nbytes: int, peak: int) -> dict:
+    return {"tier": tier, "depth": 2048, "seconds": seconds, "bytes": nbytes,
+            "rss_before": 10 * MIB, "peak_rss_added": peak}  # fmt: skip
+
+
+def attempt(rng: random.Random, *, store: str) -> dict:
+    cut = rng.randrange(50, 150) * MIB
+    legs = {
+        "cold": leg("none", rng.uniform(1, 2)),
+        "warm": leg("resident", rng.uniform(0.01, 0.1),
+                    record("resident", rng.uniform(0.001, 0.01), cut, rng.randrange(MIB))),
+        "miss": leg("none", rng.uniform(0.1, 0.2)),
+        "second": leg("none", rng.uniform(1, 2)),
+        "durable": leg("durable", rng.uniform(0.05, 0.3),
+                       record("durable", rng.uniform(0.02, 0.2), cut, rng.randrange(3 * cut))),
+        "durable_second": leg("durable", rng.uniform(0.05, 0.3),
+                              record("durable", rng.uniform(0.02, 0.2), cut, 0)),
+    }  # fmt: skip
+    s3_get = {"seconds": rng.uniform(0.01, 0.2), "bytes": cut + 4096} if store == "s3" else None
+    baseline = {
+        "export": {"store": store, "cut_bytes": cut, "s3_get": s3_get},
+        "floor": {"bytes": cut, "seconds": rng.uniform(0.01, 0.1)},
+        "mlx_lm": {"seconds": rng.uniform(0.05, 0.2)},
+        "error": None,
+    }
+    return {"depth": 2048, "legs": legs, "baseline": baseline}
+
+
+def by_name(receipt: dict) -> dict:
+    return {t["target"]: t for t in receipt["targets"]}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_figures_and_targets_on_a_local_store_follow_from_the_inputs(seed):
+    """Restore seconds and bytes come from the server's records, MB/s from those; the
+    floor fraction is floor seconds / restore seconds of the same bytes; TTFT over mlx-lm
+    for the legs of the baseline's prompt only; each target's value, bound and verdict."""
+    rng = random.Random(seed)
+    receipt = attempt(rng, store="local")
+    judge_figures(receipt, LEGS)
+    legs, base, fig = receipt["legs"], receipt["baseline"], receipt["figures"]
+    mlx = base["mlx_lm"]["seconds"]
+    dur = legs["durable"]["server_restores"][0]
+    assert fig["durable"]["restore_s"] == dur["seconds"] and fig["durable"]["bytes"] == dur["bytes"]
+    assert fig["durable"]["mb_s"] == pytest.approx(dur["bytes"] / MB / dur["seconds"])
+    assert fig["durable"]["floor_s"] == base["floor"]["seconds"]
+    floor_x = base["floor"]["seconds"] / dur["seconds"]
+    assert fig["durable"]["floor_fraction"] == pytest.approx(floor_x)
+    assert fig["durable"]["s3_get_s"] is None and fig["warm"]["floor_s"] is None
+    assert fig["cold"]["restore_s"] is None and fig["cold"]["mb_s"] is None
+    assert fig["warm"]["ttft_vs_mlx_lm"] == pytest.approx(legs["warm"]["ttft_s"] / mlx)
+    assert fig["second"]["ttft_vs_mlx_lm"] is None  # another prompt: not the same state
+
+    targets = by_name(receipt)
+    expected = {
+        "durable restore rate / floor": (floor_x, ">=", 0.5),
+        "resident TTFT / mlx-lm": (legs["warm"]["ttft_s"] / mlx, "<=", 0.6),
+        "durable TTFT / mlx-lm (local)": (legs["durable"]["ttft_s"] / mlx, "<=", 1.5),
+        "durable peak RSS added / cut bytes": (dur["peak_rss_added"] / dur["bytes"], "<=", 2.0),
+        "first / second request after restart": (
+            legs["durable"]["ttft_s"] / legs["durable_second"]["ttft_s"], "<=", 1.2),
+    }  # fmt: skip
+    assert set(targets) == set(expected)
+    for name, (value, op, bound) in expected.items():
+        t = targets[name]
+        assert (t["value"], t["op"], t["bound"]) == (pytest.approx(value), op, bound)
+        assert t["met"] is (value >= bound if op == ">=" else value <= bound)
+
+    text = format_figures(receipt)
+    assert f"{fig['durable']['floor_fraction']:.2f}" in text
+    for t in receipt["targets"]:
+        verdict = "met" if t["met"] else "MISSED"
+        assert f"target {t['target']}: {t['value']:.2f} (bound {t['op']} {t['bound']}) " \
+               f"{verdict}" in text  # fmt: skip
+
+
+def test_on_s3_the_rate_is_judged_against_the_raw_get_and_ttft_has_the_s3_bound():
+    receipt = attempt(random.Random(7), store="s3")
+    judge_figures(receipt, LEGS)
+    fig, base = receipt["figures"]["durable"], receipt["baseline"]
+    get_x = base["export"]["s3_get"]["seconds"] / fig["restore_s"]
+    assert fig["s3_get_fraction"] == pytest.approx(get_x)
+    targets = by_name(receipt)
+    assert targets["durable restore rate / raw S3 GET"]["value"] == pytest.approx(get_x)
+    assert targets["durable restore rate / raw S3 GET"]["bound"] == 0.7
+    assert targets["durable TTFT / mlx-lm (s3)"]["bound"] == 2.0
+    assert "durable restore rate / floor" not in targets
+
+
+def test_a_missing_input_is_not_judged_and_other_bytes_get_no_fraction():
+    """An invalid durable leg: its figures are None and so are the targets that need it;
+    a restore of other bytes than the floor's gets the floor beside it but no fraction."""
+    receipt = attempt(random.Random(3), store="local")
+    receipt["legs"]["durable"]["valid"] = False
+    receipt["legs"]["durable_second"]["server_restores"][0]["bytes"] += 1
+    judge_figures(receipt, LEGS)
+    targets = by_name(receipt)
+    assert targets["durable restore rate / floor"]["met"] is None
+    assert targets["durable TTFT / mlx-lm (local)"]["met"] is None
+    assert targets["first / second request after restart"]["met"] is None
+    assert targets["resident TTFT / mlx-lm"]["met"] is not None
+    second = receipt["figures"]["durable_second"]
+    assert second["floor_s"] is not None and second["floor_fraction"] is None
+    assert "not judged" in format_figures(receipt)
+
+
+def test_a_depth_beyond_the_context_is_a_clear_error(capsys):
+    """check_depths: a depth plus the generated tokens must fit the context; the command
+    refuses before it starts a server, naming the depth, the model and the context."""
+    check_depths([1, 8188], context_length=8192, max_tokens=4, model="tiny")
+    with pytest.raises(BadDepth, match=r"\[8189\].*context of 8192 tokens.*1\.\.8188"):
+        check_depths([256, 8189], context_length=8192, max_tokens=4, model="tiny")
+    code = cli.main(["bench", "--model", "tiny", "--depths", "256,9000", "--max-tokens", "4"])
+    out = capsys.readouterr().out
+    assert code == 2
+    assert "depth(s) [9000] do not fit tiny" in out and "context of 8192 tokens" in out

@@ -30,6 +30,10 @@ names come after kvpack's own), its parser and its default.
     gc_grace_s        KVPACK_GC_GRACE       how long an unreferenced chunk is kept ("1h")
     quarantine_retention_s  KVPACK_QUARANTINE_RETENTION  quarantined imports kept ("7d")
     verify_interval_s KVPACK_VERIFY_INTERVAL  the maintainer's verify interval (0: off)
+    publish           KVPACK_PUBLISH        whether cold prefills publish their cuts (true;
+                                            false: an A/B control, a read-only replica)
+    publish_max_defer_s KVPACK_PUBLISH_MAX_DEFER  the longest a durable cut waits for its
+                                            request to be served ("30s")
 
 The data dir is created 0700 (and tightened to 0700 if it was looser). S3 secrets are
 best given by the environment or a file: a secret on a command line is visible to every
@@ -69,6 +73,7 @@ DEFAULT_DRAIN_TIMEOUT_S = 30.0
 DEFAULT_GC_INTERVAL_S = 300.0
 DEFAULT_GC_GRACE_S = 3600.0
 DEFAULT_QUARANTINE_RETENTION_S = 7 * 86400.0
+DEFAULT_PUBLISH_MAX_DEFER_S = 30.0  # kvpack/service/publication.py DEFAULT_MAX_DEFER_S
 PRODUCER_FILE = "producer-id"
 
 
@@ -104,6 +109,8 @@ class Settings:
     quarantine_retention_s: float = DEFAULT_QUARANTINE_RETENTION_S
     verify_interval_s: float = 0.0
     s3_secret_key_file: Path | None = None
+    publish: bool = True
+    publish_max_defer_s: float = DEFAULT_PUBLISH_MAX_DEFER_S
 
     def __repr__(self) -> str:  # never print a secret
         secret = "***" if self.s3_secret_key else None
@@ -259,6 +266,19 @@ def _duration(value: Any) -> float:
     return parse_duration(value if isinstance(value, int | float) else str(value))
 
 
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True,
+          "0": False, "false": False, "no": False, "off": False}  # fmt: skip
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    got = _BOOLS.get(str(value).strip().lower())
+    if got is None:
+        raise ValueError(f"must be true or false (1/0, yes/no, on/off), got {value!r}")
+    return got
+
+
 SETTINGS: tuple[Setting, ...] = (
     Setting("data_dir", ("KVPACK_DATA_DIR",), _path, lambda v: _path(DEFAULT_DATA_DIR)),
     Setting(
@@ -329,6 +349,13 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("verify_interval_s", ("KVPACK_VERIFY_INTERVAL",), _duration, lambda v: 0.0),
     Setting("s3_secret_key_file", ("KVPACK_S3_SECRET_KEY_FILE",), _path, lambda v: None),
+    Setting("publish", ("KVPACK_PUBLISH",), _bool, lambda v: True),
+    Setting(
+        "publish_max_defer_s",
+        ("KVPACK_PUBLISH_MAX_DEFER",),
+        _duration,
+        lambda v: DEFAULT_PUBLISH_MAX_DEFER_S,
+    ),
 )
 
 

@@ -15,8 +15,10 @@
   (engine/format.py) encodes each cut with the earlier cuts' whole blocks reused, so a
   boundary costs its new block, the ring and the logits, not the whole prefix.
 - deferral: durable publication yields to serving. A request's durable cuts wait until
-  the request is served (`served()`, when its decode ends) or `max_defer_s` has passed,
-  whichever comes first, so sealing and uploading never compete with its own decode.
+  the request is served (`served()`, when its steps end: decoded, cancelled or failed)
+  or `max_defer_s` has passed since the cut was taken, whichever comes first, so sealing
+  and uploading do not compete with its own decode. They run one at a time in the order
+  taken, so a cut may also wait behind an earlier request's (each bounded the same way).
 - publication off (`enabled=False`, the `publish` setting, `kvpack serve
   --no-publish`): nothing is encoded, held or published; the ladder still reads. For
   A/B measurements (`kvpack bench-publication`) and read-only replicas.
@@ -106,9 +108,14 @@ class Publication:
         served.set()
 
     def _publish(
-        self, scope: Scope, tokens: tuple[int, ...], planes: Planes, served: threading.Event
+        self,
+        scope: Scope,
+        tokens: tuple[int, ...],
+        planes: Planes,
+        served: threading.Event,
+        deadline: float,
     ) -> None:
-        served.wait(self.max_defer_s)
+        served.wait(max(0.0, deadline - time.monotonic()))
         tally = ChunkTally()
         self.vault.publish(
             scope,
@@ -143,6 +150,7 @@ class RequestPublication:
         if not pub.enabled:
             return True
         tokens = tuple(tokens)
+        deadline = time.monotonic() + pub.max_defer_s  # the bound counts from the cut
 
         def job() -> None:
             if self._last is not None and self._last[0] is snap:
@@ -154,7 +162,8 @@ class RequestPublication:
                 pub.resident.hold(scope, tokens, planes)
             if durable:
                 pub.deferred.submit(
-                    f"publish@{len(tokens)}", lambda: pub._publish(scope, tokens, planes, served)
+                    f"publish@{len(tokens)}",
+                    lambda: pub._publish(scope, tokens, planes, served, deadline),
                 )
 
         served = self._served

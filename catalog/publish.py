@@ -10,8 +10,15 @@ chunks are not all stored (DESIGN invariant 6). In order:
    the history is published anew;
 2. reserve: insert or touch a chunk row per chunk id and commit, before any
    upload (GC spares a chunk for a grace period after its last reference; a
-   chunk GC has already condemned is waited for, then stored afresh);
-3. ChunkStore.put_many: seal, put-if-absent, verify;
+   chunk GC has already condemned is waited for, then stored afresh). The same
+   transaction names the chunks already stored: a committed manifest references
+   them and GC has not condemned them;
+3. ChunkStore.put_many of the others only: seal, put-if-absent, verify. A chunk
+   already stored is neither sealed nor uploaded again (counted in a ChunkTally):
+   its manifest was committed after it was stored and verified (invariant 6), its
+   object is deleted only after its row is condemned, and step 5 re-checks that
+   row, so a chunk collected meanwhile restarts the publish at 2, where it is
+   no longer stored and is uploaded afresh;
 4. the sealed manifest object under its own key: object_key("manifest",
    identity, "<manifest id>-<generation>"). Every attempt writes a distinct
    object, so no writer ever adopts an object a collector may be deleting;
@@ -97,6 +104,15 @@ def next_generation() -> int:
         return generation
 
 
+@dataclass
+class ChunkTally:
+    """Distinct chunks publishes sealed and uploaded vs found stored already (skipped);
+    one publish that restarts counts each attempt."""
+
+    sealed: int = 0
+    stored: int = 0
+
+
 @dataclass(frozen=True)
 class LoadedCut:
     """A verified cut: its manifest and each part's bytes, in manifest order."""
@@ -121,6 +137,7 @@ async def publish(
     sign: Signer | None = None,
     reclaim_wait_s: float = 10.0,
     checkpoint: Checkpoint | None = None,
+    tally: ChunkTally | None = None,
 ) -> Manifest:
     """Publish the cut after `tokens`; the same history published again is the same manifest.
 
@@ -128,6 +145,7 @@ async def publish(
     producer's Ed25519 signature, catalog/signing.py); None leaves it empty.
     `checkpoint(name)` is awaited at "reserved", "chunks_stored", "manifest_stored",
     "committed" and "waiting_for_collector" (tests pause there to interleave).
+    `tally` counts the chunks sealed and the ones already stored.
     """
     if chunks.namespace != scope.namespace:
         raise ValueError(f"chunk store of {chunks.namespace!r} for scope {scope}")
@@ -161,9 +179,13 @@ async def publish(
     hex_ids = [i.hex for i in ids]
 
     for _ in range(MAX_RESTARTS):
-        reserved = await _reserve(db, sizes, stored, reclaim_wait_s, point)
+        reserved, held = await _reserve(db, sizes, stored, reclaim_wait_s, point)
         await point("reserved")
-        refs = await chunks.put_many(blobs, ids=ids)
+        fresh = {i.hex: (i, b) for i, b in zip(ids, blobs, strict=True) if i.hex not in held}
+        await chunks.put_many([b for _, b in fresh.values()], ids=[i for i, _ in fresh.values()])
+        if tally is not None:
+            tally.sealed += len(fresh)
+            tally.stored += len(held)
         await point("chunks_stored")
 
         manifest, sealed, okey = _seal(
@@ -173,7 +195,7 @@ async def publish(
             depth=chain.depth,
             alignment=scope.alignment,
             logits_witnessed=logits_witnessed,
-            parts=[PartRef(role, r.id, r.size) for (role, _), r in zip(parts, refs, strict=True)],
+            parts=[PartRef(role, i, len(b)) for (role, b), i in zip(parts, ids, strict=True)],
             layout=layout,
             producer=producer,
             sign=sign,
@@ -266,20 +288,22 @@ async def _reserve(
     stored: Mapping[str, int],
     wait_s: float,
     point: Checkpoint,
-) -> dict[str, datetime]:
-    """Committed chunk rows for every id; waits while GC finishes deleting condemned ones."""
+) -> tuple[dict[str, datetime], set[str]]:
+    """Committed chunk rows for every id (waiting while GC finishes deleting condemned
+    ones), and the ids among them already stored."""
     deadline = time.monotonic() + wait_s
     delay = 0.01
+
+    def reserve(s: Session) -> tuple[dict[str, queries.ChunkClaim], set[str]]:
+        now = datetime.now(UTC)
+        got = queries.reserve_chunks(session=s, chunks=sizes, now=now, stored_sizes=stored)
+        return got, queries.stored_chunks(session=s, ids=list(sizes))
+
     while True:
-        got = await run_tx(
-            db,
-            lambda s: queries.reserve_chunks(
-                session=s, chunks=sizes, now=datetime.now(UTC), stored_sizes=stored
-            ),
-        )
+        got, held = await run_tx(db, reserve)
         condemned = sorted(i for i, c in got.items() if c.condemned)
         if not condemned:
-            return {i: c.first_stored_at for i, c in got.items()}
+            return {i: c.first_stored_at for i, c in got.items()}, held
         if time.monotonic() > deadline:
             raise ChunksBeingCollected(condemned)
         await point("waiting_for_collector")

@@ -225,6 +225,18 @@ def claims(*, session: Session, ids: Sequence[str], lock: bool = False) -> dict[
     }
 
 
+def stored_chunks(*, session: Session, ids: Sequence[str]) -> set[str]:
+    """The ids among `ids` whose chunk is stored: a committed manifest references its row
+    (so it was stored and verified first) and GC has not condemned it."""
+    stmt = (
+        select(ChunkRow.id)
+        .join(ManifestChunkRow, ManifestChunkRow.chunk == ChunkRow.id)
+        .where(ChunkRow.id.in_(sorted(set(ids))), ChunkRow.condemned_at.is_(None))
+        .distinct()
+    )
+    return set(session.scalars(stmt))
+
+
 def touch_chunks(*, session: Session, ids: Sequence[str], now: datetime) -> None:
     session.execute(
         update(ChunkRow).where(ChunkRow.id.in_(sorted(set(ids)))).values(last_referenced_at=now)

@@ -5,13 +5,18 @@ strict (PlanesInvalid / PlaneCorrupt on anything `encode` would not have written
 Shapes are checked against a model later, by the restore's gate (Slot.restore). How a
 cut is laid out is the codec's business (engine/codec/, private to the engine).
 
-`encode` is the one copy out of MLX memory; `decode` the one copy in.
+`encode` is the one copy out of MLX memory; `decode` the one copy in. An `Encoder`
+encodes the successive cuts of one cold prefill (a cut at every aligned boundary) with
+each whole block copied once: its Planes equal `encode`'s byte for byte, and the work per
+cut is the new block(s), the ring and the logits, not the whole prefix.
 """
 
 from __future__ import annotations
 
 from engine import codec
 from engine.state import Planes, Snapshot
+
+Encoder = codec.Encoder
 
 
 def encode(snapshot: Snapshot) -> Planes:

@@ -33,6 +33,10 @@ names come after kvpack's own), its parser and its default.
     mlx_cache_limit   KVPACK_MLX_CACHE_LIMIT  freed memory MLX keeps for reuse ("2GiB";
                                             unset: MLX's own default). Restores reuse it
                                             instead of faulting in fresh zeroed pages.
+    publish           KVPACK_PUBLISH        whether cold prefills publish their cuts (true;
+                                            false: an A/B control, a read-only replica)
+    publish_max_defer_s KVPACK_PUBLISH_MAX_DEFER  the longest a durable cut waits for its
+                                            request to be served ("30s")
 
 The data dir is created 0700 (and tightened to 0700 if it was looser). S3 secrets are
 best given by the environment or a file: a secret on a command line is visible to every
@@ -72,6 +76,7 @@ DEFAULT_DRAIN_TIMEOUT_S = 30.0
 DEFAULT_GC_INTERVAL_S = 300.0
 DEFAULT_GC_GRACE_S = 3600.0
 DEFAULT_QUARANTINE_RETENTION_S = 7 * 86400.0
+DEFAULT_PUBLISH_MAX_DEFER_S = 30.0  # kvpack/service/publication.py DEFAULT_MAX_DEFER_S
 PRODUCER_FILE = "producer-id"
 
 
@@ -108,6 +113,8 @@ class Settings:
     verify_interval_s: float = 0.0
     s3_secret_key_file: Path | None = None
     mlx_cache_limit: int | None = None
+    publish: bool = True
+    publish_max_defer_s: float = DEFAULT_PUBLISH_MAX_DEFER_S
 
     def __repr__(self) -> str:  # never print a secret
         secret = "***" if self.s3_secret_key else None
@@ -263,6 +270,19 @@ def _duration(value: Any) -> float:
     return parse_duration(value if isinstance(value, int | float) else str(value))
 
 
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True,
+          "0": False, "false": False, "no": False, "off": False}  # fmt: skip
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    got = _BOOLS.get(str(value).strip().lower())
+    if got is None:
+        raise ValueError(f"must be true or false (1/0, yes/no, on/off), got {value!r}")
+    return got
+
+
 SETTINGS: tuple[Setting, ...] = (
     Setting("data_dir", ("KVPACK_DATA_DIR",), _path, lambda v: _path(DEFAULT_DATA_DIR)),
     Setting(
@@ -334,6 +354,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("verify_interval_s", ("KVPACK_VERIFY_INTERVAL",), _duration, lambda v: 0.0),
     Setting("s3_secret_key_file", ("KVPACK_S3_SECRET_KEY_FILE",), _path, lambda v: None),
     Setting("mlx_cache_limit", ("KVPACK_MLX_CACHE_LIMIT",), _size, lambda v: None),
+    Setting("publish", ("KVPACK_PUBLISH",), _bool, lambda v: True),
+    Setting(
+        "publish_max_defer_s",
+        ("KVPACK_PUBLISH_MAX_DEFER",),
+        _duration,
+        lambda v: DEFAULT_PUBLISH_MAX_DEFER_S,
+    ),
 )
 
 

@@ -45,7 +45,7 @@ from catalog.gc import GcReport, collect
 from catalog.ids import IdentityDigest, ManifestId
 from catalog.ledger import PairedTiming
 from catalog.manifest import Manifest, SealedManifest
-from catalog.publish import LoadedCut, load_cut, load_parts, open_cut, publish
+from catalog.publish import ChunkTally, LoadedCut, load_cut, load_parts, open_cut, publish
 from catalog.queries import Cut
 from catalog.scope import Scope
 from catalog.signing import MANIFEST_DOMAIN, Bundle, ProducerKeys
@@ -223,10 +223,12 @@ class Vault:
         logits_witnessed: bool,
         producer: str | None = None,
         provenance: str = "local",
+        tally: ChunkTally | None = None,
     ) -> Manifest:
         """Publish the cut after `tokens` (idempotent: the same history is one manifest).
         A promoted remote import names its producer and its provenance ("peer:<name>");
-        this vault's key signs every envelope it seals either way."""
+        this vault's key signs every envelope it seals either way. `tally` counts the
+        chunks sealed and the ones already stored (not sealed again)."""
         coro = publish(
             chunks=self.chunks(scope.namespace),
             db=self.db,
@@ -239,6 +241,7 @@ class Vault:
             producer=producer or self.producer,
             provenance=provenance,
             sign=lambda body: self.producer_keys.sign(MANIFEST_DOMAIN, body),
+            tally=tally,
         )
         return self.run(coro)
 

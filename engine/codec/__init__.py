@@ -99,8 +99,50 @@ def export(pool: PoolShape, state: SlotState) -> Snapshot:
 
 def encode(snap: Snapshot) -> Planes:
     """One frame per part, in the snapshot's order; the layout travels as it is."""
-    parts = tuple((p.role, frame.encode_part(p.kind, p.arrays, **p.fields)) for p in snap.parts)
-    return Planes(snap.layout, parts)
+    return Planes(snap.layout, tuple((p.role, _frame(p)) for p in snap.parts))
+
+
+def _frame(part: Part) -> bytes:
+    return frame.encode_part(part.kind, part.arrays, **part.fields)
+
+
+class Encoder:
+    """`encode` for the successive cuts of one cold prefill, each block encoded once.
+
+    A whole block (length A) of a cold prefill never changes once its tokens are
+    prefilled, so its frame is kept and given again for every later cut that lists it;
+    everything else (the final short block, the ring, the logits) is encoded anew. A kept
+    frame is reused only when its prefix and header (kind, fields, every array's dtype
+    and shape) are what this cut's part would get. A cut of another identity or
+    alignment, or a shallower one (the slot was reset), starts afresh. Not thread-safe:
+    one thread encodes with it at a time."""
+
+    def __init__(self) -> None:
+        self._scope: tuple[bytes, int] | None = None  # (identity, alignment) of the kept
+        self._depth = 0
+        self._kept: dict[str, bytes] = {}  # role -> frame of a whole block
+        self.encoded = self.reused = 0  # parts encoded / given again from _kept
+
+    def encode(self, snap: Snapshot) -> Planes:
+        """Equal, byte for byte, to `encode(snap)`."""
+        if self._scope != (snap.identity, snap.alignment) or snap.depth < self._depth:
+            self._kept.clear()
+            self._scope = (snap.identity, snap.alignment)
+        self._depth = snap.depth
+        parts = []
+        for part in snap.parts:
+            data = self._kept.get(part.role)
+            if data is not None and data.startswith(
+                frame.head(part.kind, part.arrays, **part.fields)
+            ):
+                self.reused += 1
+            else:
+                data = _frame(part)
+                self.encoded += 1
+                if part.kind == blocks.KIND and part.fields.get("length") == snap.alignment:
+                    self._kept[part.role] = data
+            parts.append((part.role, data))
+        return Planes(snap.layout, tuple(parts))
 
 
 Reuse = Callable[[str, bytes], Part | None]  # (role, frame digest) -> a Part held already

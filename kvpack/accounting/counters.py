@@ -23,6 +23,9 @@ Words (see DESIGN.md):
   (`kvpack_resident_bytes_served_estimate_total`) — invariant 7.
 - condemned cut: a durable cut taken out of the vault because it failed verification
   (`kvpack_condemned_cuts_total{reason}`; catalog/condemn.py names the reasons).
+- published chunks: the distinct chunks a durable publication sealed and uploaded
+  (`kvpack_chunks_sealed_total`) and the ones it found stored already and skipped
+  (`kvpack_chunks_already_stored_total`); the first is the chunks new to the store.
 - first token: seconds from a request reaching the service to its first generated token,
   by the tier that served its prefix ("none": cold) (`kvpack_first_token_seconds`); the
   most recent ones are kept for the status page's plot (`recent_first_tokens`). A
@@ -274,6 +277,18 @@ class Accounting:
             ("reason", *ns),
             registry=r,
         )
+        self._chunks_sealed = Counter(
+            "kvpack_chunks_sealed",
+            "Chunks durable publication sealed and uploaded (new to the store).",
+            ns,
+            registry=r,
+        )
+        self._chunks_stored = Counter(
+            "kvpack_chunks_already_stored",
+            "Chunks durable publication found stored already, so neither sealed nor uploaded.",
+            ns,
+            registry=r,
+        )
         self._first_token = Histogram(
             "kvpack_first_token_seconds",
             "Seconds from a request reaching the service to its first generated token, by "
@@ -354,6 +369,12 @@ class Accounting:
             raise AccountingInputError("reason", "must be a non-empty string")
         _check_count("cuts", cuts, positive=True)
         self._labelled(self._condemned, namespace, reason=reason).inc(cuts)
+
+    def count_published_chunks(
+        self, *, sealed: int, stored: int, namespace: str | None = None
+    ) -> None:
+        self._labelled(self._chunks_sealed, namespace).inc(_check_count("sealed", sealed))
+        self._labelled(self._chunks_stored, namespace).inc(_check_count("stored", stored))
 
     def observe_first_token(
         self, *, seconds: float, tier: str, prompt_tokens: int, namespace: str | None = None

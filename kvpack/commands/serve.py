@@ -14,6 +14,10 @@ Every request but /healthz needs an API key (`kvpack api-keys create`), checked 
 the catalog on each request. --no-auth serves anyone, in the default namespace, and is
 refused unless --host is a loopback address.
 
+Publication (kvpack/service/publication.py): every cold prefill's aligned cuts are held
+resident at once and published durably once their request is served (at most
+--publish-max-defer later); --no-publish (KVPACK_PUBLISH=false) publishes nothing.
+
 The maintainer (kvpack/maintainer.py) keeps the vault while it serves: GC every
 --gc-interval (evicting by tenant quotas and --store-budget, reclaiming chunks after
 --gc-grace, one collector of a fleet at a time), and the gauges behind /metrics and the
@@ -69,6 +73,11 @@ def register(sub: Subparsers) -> None:
                    help="how long an unreferenced chunk is kept (default 1h)")  # fmt: skip
     p.add_argument("--verify-interval", metavar="DURATION",
                    help="how often to verify manifests and sizes (default 0: never)")  # fmt: skip
+    p.add_argument("--no-publish", action="store_true",
+                   help="publish no cuts (reads still hit the vault): an A/B control")  # fmt: skip
+    p.add_argument("--publish-max-defer", metavar="DURATION",
+                   help="longest a durable cut waits for its request to be served "
+                        "(default 30s)")  # fmt: skip
     add_storage_arguments(p)
     p.set_defaults(func=run)
 
@@ -101,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
             gc_interval_s=args.gc_interval,
             gc_grace_s=args.gc_grace,
             verify_interval_s=args.verify_interval,
+            publish=False if args.no_publish else None,
+            publish_max_defer_s=args.publish_max_defer,
         )
     except (ConfigError, ValueError) as e:
         print(f"kvpack serve: {e}")

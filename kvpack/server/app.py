@@ -337,9 +337,9 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 def _publication(service: Service) -> dict[str, int] | None:
-    """The background worker's queue (queued, done, failed, dropped), when it has one."""
-    background = getattr(service, "background", None)
-    return background.stats() if background is not None else None
+    """The publication queues (queued, done, failed, dropped), when it has them."""
+    publication = getattr(service, "publication", None)
+    return publication.stats() if publication is not None else None
 
 
 async def readyz(request: web.Request) -> web.Response:

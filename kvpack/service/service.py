@@ -7,7 +7,9 @@
 - complete(): the ladder installs the deepest available state (kvpack/tiers/ladder.py),
   the engine prefills the rest in absolute aligned steps, then decodes. Publication rides
   along (kvpack/service/publication.py): a snapshot at every aligned boundary the
-  prefill crosses while the slot is cold, encoded and stored in the background.
+  prefill crosses while the slot is cold, encoded and held in the background; its
+  durable cuts are published once the request is served (at most `publish_max_defer_s`
+  later), or not at all with publication off (`publish=False`).
 - text: generated ids become text as they come (kvpack/service/detok.py); a stop string
   ends the generation at once and is not part of the text.
 - steps: `steps()` is a request as a generator of engine steps; each `next()` does one
@@ -52,7 +54,12 @@ from kvpack.remote.importer import RemoteTier
 from kvpack.remote.peers import Peer, load_peers
 from kvpack.remote.quarantine import Quarantine
 from kvpack.service.detok import TextStream
-from kvpack.service.publication import DURABLE_EVERY, Publication
+from kvpack.service.publication import (
+    DEFAULT_MAX_DEFER_S,
+    DURABLE_EVERY,
+    Publication,
+    RequestPublication,
+)
 from kvpack.service.restores import RestoreMeter
 from kvpack.tiers.durable import DurableTier
 from kvpack.tiers.ladder import Ladder
@@ -111,9 +118,13 @@ class Service:
         durable_every: int = DURABLE_EVERY,
         background_capacity: int = DEFAULT_CAPACITY,
         close_vault: bool = False,
+        publish: bool = True,
+        publish_max_defer_s: float = DEFAULT_MAX_DEFER_S,
     ) -> None:
         """`close_vault`: close() closes the vault too (Service.open sets it for a vault it
-        opened itself; a vault several services share is closed by whoever opened it)."""
+        opened itself; a vault several services share is closed by whoever opened it).
+        `publish`: whether cold prefills publish their cuts; `publish_max_defer_s`: the
+        longest a durable cut waits for its request to be served."""
         if durable_every < 1 or durable_every % loaded.alignment:
             raise InvalidRequest(
                 "durable_every", f"must be a positive multiple of {loaded.alignment}"
@@ -130,7 +141,10 @@ class Service:
             resident=self.resident,
             vault=vault,
             background=self.background,
+            accounting=self.accounting,
             durable_every=durable_every,
+            enabled=publish,
+            max_defer_s=publish_max_defer_s,
         )
         self.ladder = Ladder(
             authority=self.durable,
@@ -192,6 +206,8 @@ class Service:
                 durable_every=durable_every,
                 background_capacity=background_capacity,
                 close_vault=own,
+                publish=settings.publish,
+                publish_max_defer_s=settings.publish_max_defer_s,
             )
             peers = load_peers(settings.peers_path)
         except BaseException:
@@ -272,6 +288,22 @@ class Service:
         on_token: Callable[[Drawn], None] | None,
         cancel: threading.Event | None,
     ) -> Generator[Step, None, Completion]:
+        pub = self.publication.request()
+        try:
+            return (yield from self._serve(tenant, tokens, req, on_text, on_token, cancel, pub))
+        finally:  # served, cancelled, failed or abandoned: its durable cuts may go now
+            pub.served()
+
+    def _serve(
+        self,
+        tenant: Tenant,
+        tokens: list[int],
+        req: CompletionRequest,
+        on_text: Callable[[str], None] | None,
+        on_token: Callable[[Drawn], None] | None,
+        cancel: threading.Event | None,
+        pub: RequestPublication,
+    ) -> Generator[Step, None, Completion]:
         def cancelled() -> bool:
             return cancel is not None and cancel.is_set()
 
@@ -292,7 +324,7 @@ class Service:
         yield "lookup"
         base.update(cached_tokens=installed.depth, tier=installed.tier,
                     restore_seconds=installed.restore_seconds)  # fmt: skip
-        base["prefill_seconds"] = yield from self._prefill(tenant, slot, tokens, chain, cancel)
+        base["prefill_seconds"] = yield from self._prefill(tenant, slot, tokens, chain, cancel, pub)
         if slot.depth < len(tokens):  # cancelled mid-prefill
             return Completion(tokens=[], text="", finish_reason="cancelled", **base)
         text = TextStream(self.loaded.tokenizer.decode, req.stop_strings)
@@ -342,6 +374,7 @@ class Service:
         tokens: list[int],
         chain: TokenChain,
         cancel: threading.Event | None,
+        pub: RequestPublication,
     ) -> Generator[Step, None, float]:
         """Prefill tokens[slot.depth:] one aligned step per yield, publishing at boundaries;
         returns the compute seconds (this request's steps only, publication excluded)."""
@@ -362,9 +395,11 @@ class Service:
             if start == 0:
                 seconds = compute + t - step_started - publication
                 self.clock.record(identity=scope.identity, chain=chain.at(depth), seconds=seconds)
+            if not self.publication.enabled:
+                return
             snap = slot.export()
             durable = depth % every == 0
-            self.publication.cut(scope, tokens[:depth], snap, resident=True, durable=durable)
+            pub.cut(scope, tokens[:depth], snap, resident=True, durable=durable)
             last = (depth, snap, durable)
             publication += time.perf_counter() - t
 
@@ -383,11 +418,12 @@ class Service:
         # The prompt boundary: its last aligned cut and its exact cut go durable too.
         if last is not None and not last[2]:
             depth, snap, _ = last
-            self.publication.cut(scope, tokens[:depth], snap, resident=False, durable=True)
+            pub.cut(scope, tokens[:depth], snap, resident=False, durable=True)
         if not chain.aligned and slot.cold:
             if start == 0:
                 self.clock.record(identity=scope.identity, chain=chain.digest, seconds=compute)
-            self.publication.cut(scope, tokens, slot.export(), resident=True, durable=True)
+            if self.publication.enabled:
+                pub.cut(scope, tokens, slot.export(), resident=True, durable=True)
         return compute
 
     # -- reporting ----------------------------------------------------------------------
@@ -412,8 +448,9 @@ class Service:
         }
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait for queued background work to finish; False if `timeout` passed first."""
-        return self.background.flush(timeout)
+        """Wait for queued background work (publication included: a request not served yet
+        holds its durable cuts up to the max defer) to finish; False if `timeout` passed."""
+        return self.publication.flush(timeout)
 
     def close(self, timeout: float = 30.0) -> int:
         """Drain background work (bounded wait), then release the store, loop and database
@@ -423,7 +460,11 @@ class Service:
             return 0
         self._closed = True
         try:
-            unfinished = 0 if self.background.close(timeout) else self.background.stats()["queued"]
+            unfinished = (
+                0
+                if self.publication.close(timeout)
+                else self.background.stats()["queued"] + self.publication.deferred.stats()["queued"]
+            )
             if self.remote is not None:
                 self.remote.close()
         finally:

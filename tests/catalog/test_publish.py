@@ -12,10 +12,11 @@ from sqlalchemy.orm import Session
 from cas.chunks import ChunkStore
 from cas.errors import ChunkCorrupt
 from cas.local import LocalDirStore
+from catalog.condemn import condemn
 from catalog.errors import ManifestInvalid, ManifestMissing, StaleGeneration
 from catalog.manifest import Manifest, open_manifest, seal_manifest
 from catalog.models import ChunkRow, ManifestChunkRow, ManifestRow
-from catalog.publish import load_parts, open_cut
+from catalog.publish import ChunkTally, load_parts, open_cut
 from tests.catalog.helpers import ALICE, BOB, do_publish, find, load_of, payloads, tokens
 
 
@@ -281,3 +282,86 @@ def test_publish_digests_each_chunk_once(aio, chunk_store, db_engine, digest_cal
     parts = payloads(19, n=4)
     aio.run(do_publish(chunk_store, db_engine, tokens(19, 300), parts))
     assert sorted(calls) == sorted(len(p) for _, p in parts)
+
+
+def sealing(store: ChunkStore, monkeypatch) -> list[bytes]:
+    """The plaintexts `store` seals from now on, in order."""
+    sealed: list[bytes] = []
+    seal = store._seal.seal
+
+    def counted(chunk_id, data):
+        sealed.append(bytes(data))
+        return seal(chunk_id, data)
+
+    monkeypatch.setattr(store._seal, "seal", counted)
+    return sealed
+
+
+def test_a_longer_prefix_seals_only_its_new_chunks(aio, chunk_store, db_engine, monkeypatch):
+    """A chunk a committed manifest already references is neither sealed nor uploaded
+    again: the second cut seals its two new chunks only (tally: 2 sealed, 3 stored), and
+    both cuts load back whole."""
+    sealed = sealing(chunk_store, monkeypatch)
+    h, first, more = tokens(20, 512), payloads(20), payloads(21, n=2)
+    one = ChunkTally()
+    aio.run(do_publish(chunk_store, db_engine, h[:256], first, tally=one))
+    assert (one.sealed, one.stored) == (3, 0) and len(sealed) == 3
+    two = ChunkTally()
+    aio.run(do_publish(chunk_store, db_engine, h, first + more, tally=two))
+    assert (two.sealed, two.stored) == (2, 3)
+    assert sealed[3:] == [p for _, p in more]
+    for history, parts in ((h[:256], first), (h, first + more)):
+        loaded = aio.run(load_of(chunk_store, db_engine, find(db_engine, history)))
+        assert [(r, bytes(v)) for r, v in loaded.parts] == parts
+
+
+def test_a_reserved_chunk_is_not_stored(aio, chunk_store, db_engine, monkeypatch):
+    """A chunk row no committed manifest references (a publish reserved it and died before
+    uploading) is not "stored": the next publish seals and uploads it."""
+    sealed = sealing(chunk_store, monkeypatch)
+    h, parts = tokens(22, 256), payloads(22, n=2)
+
+    async def die(name: str) -> None:
+        if name == "reserved":
+            raise RuntimeError("died after reserving")
+
+    with pytest.raises(RuntimeError):
+        aio.run(do_publish(chunk_store, db_engine, h, parts, checkpoint=die))
+    assert count(db_engine, ChunkRow) == 2 and not sealed
+    tally = ChunkTally()
+    aio.run(do_publish(chunk_store, db_engine, h, parts, tally=tally))
+    assert (tally.sealed, tally.stored) == (2, 0)
+    loaded = aio.run(load_of(chunk_store, db_engine, find(db_engine, h)))
+    assert [(r, bytes(v)) for r, v in loaded.parts] == parts
+
+
+def test_a_stored_chunk_condemned_mid_publish_is_uploaded_afresh(aio, chunk_store, db_engine):
+    """Race: the chunk was stored when the publish reserved it, then a read found it broken
+    and condemned it (object and row deleted) before the publish committed. The commit's
+    re-check restarts the publish, which now seals and uploads the chunk: the new cut
+    loads whole (invariant 6)."""
+    h, parts = tokens(23, 512), payloads(23, n=2)
+    aio.run(do_publish(chunk_store, db_engine, h[:256], parts))
+    shared = find(db_engine, h[:256])
+    broken = chunk_store.chunk_id(parts[0][1])
+    calls = []
+
+    async def condemn_once(name: str) -> None:
+        calls.append(name)
+        if name == "reserved" and calls.count("reserved") == 1:
+            await condemn(objects=chunk_store.objects, db=db_engine,
+                          manifest_id=shared.manifest_id, kind="chunk_missing",
+                          reason="test", chunk=broken)  # fmt: skip
+
+    tally = ChunkTally()
+    more = payloads(24, n=1)
+    aio.run(do_publish(chunk_store, db_engine, h, parts + more, checkpoint=condemn_once,
+                       tally=tally))  # fmt: skip
+    assert calls.count("reserved") == 2  # restarted
+    # First attempt: the new chunk sealed, both shared ones stored. The restart: the
+    # condemned cut took its references along, so all three are sealed.
+    assert (tally.sealed, tally.stored) == (1 + 3, 2 + 0)
+    assert find(db_engine, h[:256]) is None  # the condemned cut is gone
+    loaded = aio.run(load_of(chunk_store, db_engine, find(db_engine, h)))
+    assert [(r, bytes(v)) for r, v in loaded.parts] == parts + more
+    assert aio.run(chunk_store.contains(broken))

@@ -58,6 +58,8 @@ def test_postgres_urls_are_pinned_to_psycopg3():
         ({"KVPACK_STORE_URL": "s3:///no-bucket"}, "store_url"),
         ({"KVPACK_PEER_TIMEOUT": "inf"}, "peer_timeout_s"),
         ({"KVPACK_S3_ACCESS_KEY": "ak"}, "s3_secret_key"),
+        ({"KVPACK_PUBLISH": "maybe"}, "publish"),
+        ({"KVPACK_PUBLISH_MAX_DEFER": "-1"}, "publish_max_defer_s"),
     ],
 )
 def test_bad_values_name_the_setting_and_its_source(env, name):
@@ -133,6 +135,8 @@ SAMPLES = {  # a raw value for each setting, and what it loads as
     "quarantine_retention_s": ("7d", 7 * 86400.0),
     "verify_interval_s": ("30s", 30.0),
     "mlx_cache_limit": ("2GiB", 2 * 1024**3),
+    "publish": ("off", False),
+    "publish_max_defer_s": ("2m", 120.0),
 }
 
 

@@ -71,7 +71,7 @@ def test_the_route_lists_restores_to_admin_keys_only(measured):
     tokens = measured.loaded.tokenizer.encode("The harbor board met at dawn. " * 20)
     req = CompletionRequest(tokens=tokens, max_tokens=2)
     measured.complete(req)  # cold: publishes
-    assert measured.background.flush(timeout=60)
+    assert measured.flush(timeout=60)
     hit = measured.complete(req)  # the slot holds decoded tokens too: not a continuation
     assert hit.tier == "resident"
     (record,) = measured.restores.records()

@@ -9,6 +9,7 @@ import sys
 COMMANDS = (
     "db",
     "bench_store",
+    "bench_catalog",
     "engine",
     "serve",
     "bench",

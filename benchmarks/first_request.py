@@ -79,6 +79,9 @@ def main() -> int:
                     leg(second.url, f"after restart {i + 1}", t) for i, t in enumerate(prompts)
                 ]
             print(f"startup to ready: {second.startup_s:.2f} s")
+            for line in (Path(tmp) / "serve-2.log").read_text().splitlines():
+                if line.startswith("kvpack serve: warm in"):
+                    print(line)
     finally:
         with psycopg.connect(ADMIN, autocommit=True) as c:
             c.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')

@@ -1,9 +1,10 @@
 """Warm start: what the first request after a restart would otherwise pay, paid before
 the server reports ready.
 
-- store: one stat of a key that is never written (Vault.check_store): the S3 client is
-  created on the vault's loop (credentials, endpoint rules, the service model: hundreds of
-  milliseconds) and its connection pool holds an open connection.
+- store: one stat and one get of a key that is never written (Vault.check_store, then a
+  get answered "missing"): the S3 client is created on the vault's loop (credentials,
+  endpoint rules, the service model: a few hundred milliseconds), the operation a restore
+  reads with has run once, and the connection pool holds an open connection.
 - catalog: one trivial query and one find_deepest through the vault's Reader: a pooled
   connection, and the lookup's statement path taken once.
 - engine: on the default tenant's first slot, a short prefill, the export of that cut,
@@ -18,16 +19,18 @@ Each phase's seconds are returned for the startup log.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
+from cas.errors import ObjectMissing
 from catalog.scope import Scope
 from engine import format as planes_format
 from engine.slots import Slot
 from kvpack.service.service import Service
-from kvpack.vault import Vault
+from kvpack.vault import READY_PROBE_KEY, READY_PROBE_TIMEOUT_S, Vault
 
 log = logging.getLogger(__name__)
 WARM_TOKENS = 8  # a short prefill: the first forward's setup, not a real prompt's cost
@@ -40,7 +43,7 @@ def warm(service: Service) -> dict[str, float]:
     tokens = [(7919 * i + 1) % vocab for i in range(WARM_TOKENS)]
     vault, scope = service.vault, tenant.scope
     phases: dict[str, Callable[[], object]] = {
-        "store": lambda: _answered(vault.check_store),
+        "store": lambda: _store(vault),
         "catalog": lambda: _catalog(vault, scope, tokens),
         "engine": lambda: _engine(service, tenant.pool.slot(0), tokens),
     }
@@ -53,6 +56,12 @@ def warm(service: Service) -> dict[str, float]:
             log.warning("warm start: %s skipped: %s: %s", name, type(e).__name__, e)
         seconds[name] = time.perf_counter() - t
     return seconds
+
+
+def _store(vault: Vault) -> None:
+    _answered(vault.check_store)
+    with contextlib.suppress(ObjectMissing):  # the answer expected
+        vault.run(vault.objects.get(READY_PROBE_KEY), READY_PROBE_TIMEOUT_S)
 
 
 def _catalog(vault: Vault, scope: Scope, tokens: list[int]) -> None:

@@ -15,11 +15,12 @@
   unseen (after the check, or on a path that drops traffic silently) fails its call;
   Reader retries a read once for that, and the deadlines below bound the silent case.
 - Reader: read-only calls, the lookups every request makes. PostgreSQL: in autocommit, so
-  a lookup is its one statement's round trip, without a BEGIN/ROLLBACK pair (one
-  statement is consistent by itself); a call whose connection turns out dead (the pool
-  invalidates it and every connection older than it) runs once more on a fresh one,
-  unless its deadline passed (a server that does not answer is not retried). SQLite: a
-  plain session, as before.
+  a lookup is its one statement's round trip, without a BEGIN/ROLLBACK pair (under
+  READ COMMITTED, PostgreSQL's default, every statement takes its own snapshot inside a
+  transaction too, so a read of several statements sees what it saw before); a call
+  whose connection turns out dead (the pool invalidates it and every connection older
+  than it) runs once more on a fresh one, unless its deadline passed (a server that does
+  not answer is not retried). SQLite: a plain session, as before.
 - timeout (`timeout_s`): how long any one catalog call may wait. SQLite: the busy
   timeout. PostgreSQL: `connect_timeout`, a server-side `statement_timeout`, and a
   client-side deadline on every wait for the server (the statement timeout and a little

@@ -97,7 +97,6 @@ class Vault:
             backoff_s=outage_backoff_s,
             max_backoff_s=max(outage_backoff_s, DEFAULT_MAX_BACKOFF_S),
         )
-        self._read = Reader(db)
         self._chunks: dict[str, ChunkStore] = {}
         self._lock = threading.Lock()
 
@@ -114,6 +113,14 @@ class Vault:
             timeout_s=timeout_s,
             outage_backoff_s=settings.outage_backoff_s,
         )
+
+    @property
+    def db(self) -> Engine:
+        return self._db
+
+    @db.setter
+    def db(self, engine: Engine) -> None:
+        self._db, self._read = engine, Reader(engine)  # reads follow the engine
 
     @property
     def producer(self) -> str:

@@ -6,14 +6,29 @@
   foreign keys on, and every transaction opened with BEGIN IMMEDIATE, so a
   read-then-write transaction queues for the write lock up front instead of failing on
   a stale snapshot; a new database file is created 0600 in a 0700 directory.
-  PostgreSQL gets a pool that pre-pings connections.
+  PostgreSQL gets a pool that reuses connections without a pre-ping round trip: a
+  checkout only looks at the idle connection's socket (no round trip), and one the
+  server or a proxy closed meanwhile is replaced there (see liveness).
+- liveness: an idle connection is owed nothing by the server, so one whose socket is
+  readable (the server's goodbye on a restart, a reset, EOF) or that psycopg already
+  knows broken is dead; the pool opens a new one in its place. A connection that dies
+  unseen (after the check, or on a path that drops traffic silently) fails its call;
+  Reader retries a read once for that, and the deadlines below bound the silent case.
+- Reader: read-only calls, the lookups every request makes. PostgreSQL: in autocommit, so
+  a lookup is its one statement's round trip, without a BEGIN/ROLLBACK pair (under
+  READ COMMITTED, PostgreSQL's default, every statement takes its own snapshot inside a
+  transaction too, so a read of several statements sees what it saw before); a call
+  whose connection turns out dead (the pool invalidates it and every connection older
+  than it) runs once more on a fresh one, unless its deadline passed (a server that does
+  not answer is not retried). SQLite: a plain session, as before.
 - timeout (`timeout_s`): how long any one catalog call may wait. SQLite: the busy
   timeout. PostgreSQL: `connect_timeout`, a server-side `statement_timeout`, and a
   client-side deadline on every wait for the server (the statement timeout and a little
   grace), because a server or network that stops answering never cancels anything
   itself; a connection whose deadline passed is closed, so the pool drops it, and for
   one timeout after that new connections fail at once instead of waiting out the
-  connect timeout too (the pool's pre-ping would otherwise reconnect, doubling the wait).
+  connect timeout too (a retry or the next call would otherwise reconnect, doubling the
+  wait).
   Past any of them the call raises an OperationalError (one of UNREACHABLE): callers
   decide whether that is an outage (recompute) or a refusal (auth fails closed).
   None: no timeouts (migrations, which may legitimately run long statements).
@@ -26,13 +41,18 @@ from __future__ import annotations
 
 import math
 import os
+import select
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.orm import Session
+
+T = TypeVar("T")
 
 DEFAULT_TIMEOUT_S = 10.0
 SQLITE_BUSY_TIMEOUT_MS = 30_000  # without a timeout (timeout_s=None)
@@ -110,12 +130,55 @@ def _private_file(path: Path) -> None:
             path.chmod(0o600)  # one an earlier version created with the umask's mode
 
 
+class Reader:
+    """Read-only catalog calls on one engine (see the module docstring)."""
+
+    def __init__(self, db: Engine) -> None:
+        self.db = db
+        postgres = db.dialect.name == "postgresql"
+        self._bind = db.execution_options(isolation_level="AUTOCOMMIT") if postgres else db
+
+    def __call__(self, query: Callable[[Session], T]) -> T:
+        """query(session), retried once on a fresh connection when its own had died."""
+        try:
+            with Session(self._bind) as session:
+                return query(session)
+        except sa_exc.DBAPIError as e:
+            if not e.connection_invalidated or _deadline_passed(e):
+                raise
+        with Session(self._bind) as session:
+            return query(session)
+
+
+def _deadline_passed(e: sa_exc.DBAPIError) -> bool:
+    from catalog.deadline import DeadlinePassed
+
+    return isinstance(e.orig, DeadlinePassed)
+
+
+def _dropped(dbapi_connection: Any) -> bool:
+    """Whether an idle connection is known dead without asking the server (liveness)."""
+    if dbapi_connection.closed or dbapi_connection.broken:
+        return True
+    poller = select.poll()  # POLLHUP and POLLERR are always reported
+    poller.register(dbapi_connection.pgconn.socket, select.POLLIN | select.POLLPRI)
+    return bool(poller.poll(0))
+
+
 def _postgres_engine(parsed: URL, timeout_s: float | None, **kwargs: Any) -> Engine:
-    kwargs.setdefault("pool_pre_ping", True)
-    if timeout_s is None:
-        return create_engine(parsed, **kwargs)
-    kwargs.setdefault("pool_timeout", timeout_s)
+    if timeout_s is not None:
+        kwargs.setdefault("pool_timeout", timeout_s)
     engine = create_engine(parsed, **kwargs)
+
+    @event.listens_for(engine, "checkout")
+    def _checkout(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+        if _dropped(dbapi_connection):
+            # The pool replaces it, and every connection opened before it (after a
+            # server restart they are all gone), with new ones as they are checked out.
+            raise sa_exc.InvalidatePoolError("the catalog closed this pooled connection")
+
+    if timeout_s is None:
+        return engine
     deadline_s = timeout_s + min(DEADLINE_GRACE_S, timeout_s / 4)
     statement_ms = math.ceil(timeout_s * 1000)
     expired_at = [-math.inf]  # when a deadline last passed on one of this engine's connections

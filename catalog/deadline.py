@@ -4,9 +4,10 @@
   pre-ping). psycopg waits forever by default: a server that stops answering, or a
   network path that silently drops traffic, never ends a wait, and the server-side
   statement_timeout cannot fire for a statement the server never received.
-- expiry: psycopg raises an OperationalError; the connection is closed first (it is
-  mid-statement and unusable), so SQLAlchemy sees it broken and the pool drops it, and
-  `on_expiry` is told (catalog/db.py then holds off reconnecting for a while).
+- expiry: DeadlinePassed (a psycopg OperationalError); the connection is closed first
+  (it is mid-statement and unusable), so SQLAlchemy sees it broken and the pool drops it,
+  and `on_expiry` is told (catalog/db.py then holds off reconnecting for a while, and
+  does not retry the call: the server did not answer, it did not just drop a socket).
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from typing import Any
 
 import psycopg
 from psycopg import pq
+
+
+class DeadlinePassed(psycopg.OperationalError):
+    """A wait for the server outlasted its deadline; the connection was closed."""
 
 
 class DeadlineConnection(psycopg.Connection):
@@ -33,9 +38,10 @@ class DeadlineConnection(psycopg.Connection):
     def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
         try:
             return super().wait(gen, interval, timeout if timeout is not None else self.deadline_s)
-        except psycopg.OperationalError:
+        except psycopg.OperationalError as e:
             if self.pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
                 self.pgconn.finish()  # still waiting on the server: nothing can reuse it
                 if self.on_expiry is not None:
                     self.on_expiry()
+                raise DeadlinePassed(str(e)) from e
             raise

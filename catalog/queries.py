@@ -113,14 +113,19 @@ def find_deepest(
     link names the prompt itself. A cut at the prompt's full depth serves only with
     witnessed final logits (invariant 3); below it only aligned cuts serve (a
     non-aligned cut names one exact history).
+
+    On PostgreSQL the statement is one fixed text with the links as two array
+    parameters: nothing is compiled or rendered per call, and psycopg prepares it on the
+    server once it has run a few times (it is on every request's path).
     """
-    links = [
-        (d, digest)
-        for d, digest in chain.links
-        if d > deeper_than and (at_most is None or d <= at_most)
-    ]
+    links = _links(chain, deeper_than, at_most)
     if not links:
         return None
+    if session.get_bind().dialect.name == "postgresql":
+        parameters = find_deepest_parameters(identity=identity, chain=chain, links=links)
+        result = session.connection().exec_driver_sql(FIND_DEEPEST_POSTGRES, parameters)
+        row = result.one_or_none()
+        return None if row is None else Cut.of(row)
     m = ManifestRow
     row = session.execute(
         select(*CUT_COLUMNS)
@@ -137,6 +142,40 @@ def find_deepest(
         .limit(1)
     ).one_or_none()
     return None if row is None else Cut.of(row)
+
+
+def _links(
+    chain: TokenChain, deeper_than: int, at_most: int | None
+) -> list[tuple[int, ChainDigest]]:
+    return [
+        (d, digest)
+        for d, digest in chain.links
+        if d > deeper_than and (at_most is None or d <= at_most)
+    ]
+
+
+def find_deepest_parameters(
+    *, identity: IdentityDigest, chain: TokenChain, links: Sequence[tuple[int, ChainDigest]]
+) -> dict[str, Any]:
+    """FIND_DEEPEST_POSTGRES's parameters for these candidate links of `chain`."""
+    return {
+        "identity": identity.hex,
+        "chains": [digest.hex for _, digest in links],
+        "depths": [d for d, _ in links],
+        "depth": chain.depth,
+    }
+
+
+# find_deepest's statement on PostgreSQL (psycopg's pyformat parameters): each link a
+# probe of the (identity, chain) index, its depth checked against the link's.
+FIND_DEEPEST_POSTGRES = f"""\
+SELECT {", ".join(f"m.{c.key}" for c in CUT_COLUMNS)}
+FROM unnest(CAST(%(chains)s AS varchar[]), CAST(%(depths)s AS bigint[])) AS link(chain, depth)
+JOIN {ManifestRow.__tablename__} AS m
+  ON m.identity = %(identity)s AND m.chain = link.chain AND m.depth = link.depth
+WHERE (m.depth = %(depth)s AND m.logits_witnessed) OR (m.depth < %(depth)s AND m.aligned)
+ORDER BY m.depth DESC
+LIMIT 1"""
 
 
 def get_cut(*, session: Session, manifest_id: ManifestId) -> Cut | None:

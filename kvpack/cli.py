@@ -10,6 +10,7 @@ COMMANDS = (
     "db",
     "bench_store",
     "bench_publication",
+    "bench_catalog",
     "engine",
     "serve",
     "bench",

@@ -13,6 +13,9 @@
   after a call the catalog did not answer (catalog/db.py's timeouts) it is skipped for a
   backoff window (CatalogUnavailable, at once) until a probe is answered, so a catalog
   outage costs a request a recompute, not a timeout each time.
+- reads: one Reader (catalog/db.py): a lookup is one statement's round trip on a reused
+  connection (PostgreSQL: autocommit, no pre-ping), retried once on a fresh connection
+  when the pooled one had died (PostgreSQL restarted, a proxy cut it).
 - readiness: check_catalog and check_store ask each dependency one cheap question.
 """
 
@@ -39,7 +42,7 @@ from cas.store import ObjectStore
 from catalog import ledger, queries
 from catalog.chain import TokenChain
 from catalog.condemn import Condemned, condemn
-from catalog.db import UNREACHABLE
+from catalog.db import UNREACHABLE, Reader
 from catalog.forget import ForgetReport, Selector, forget
 from catalog.gc import GcReport, collect
 from catalog.ids import IdentityDigest, ManifestId
@@ -112,6 +115,14 @@ class Vault:
         )
 
     @property
+    def db(self) -> Engine:
+        return self._db
+
+    @db.setter
+    def db(self, engine: Engine) -> None:
+        self._db, self._read = engine, Reader(engine)  # reads follow the engine
+
+    @property
     def producer(self) -> str:
         return self.producer_keys.producer
 
@@ -148,8 +159,8 @@ class Vault:
 
     def read(self, query: Callable[[Session], T]) -> T:
         """One read-only catalog query."""
-        with self._catalog(), Session(self.db) as session:
-            return query(session)
+        with self._catalog():
+            return self._read(query)
 
     # -- readiness ----------------------------------------------------------------------
 

@@ -6,7 +6,9 @@
 - drop: every connection is closed as soon as it is accepted, and the open ones are
   cut; as with a server that is down or a load balancer that resets.
 `heal()` goes back to forward; stalled connections are cut then, so their waiting
-clients see an error instead of a late answer. `connections` counts accepted ones.
+clients see an error instead of a late answer. `connections` counts accepted ones,
+`requests` the reads forwarded from clients to the server (on loopback, one per round
+trip a client starts).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class Proxy:
         self.target = (target_host, target_port)
         self.mode: Mode = "forward"
         self.connections = 0
+        self.requests = 0
         self.port = 0
         self._writers: set[asyncio.StreamWriter] = set()
         self._loop = asyncio.new_event_loop()
@@ -85,15 +88,20 @@ class Proxy:
             return
         self._writers.add(up_writer)
         await asyncio.gather(
-            self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True
+            self._pipe(reader, up_writer, upstream=True),
+            self._pipe(up_reader, writer),
+            return_exceptions=True,
         )
         for w in (writer, up_writer):
             self._writers.discard(w)
             w.transport.abort()
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, upstream: bool = False
+    ) -> None:
         with contextlib.suppress(OSError):  # either side went away (or was cut): done
             while data := await reader.read(65536):
+                self.requests += upstream
                 while self.mode == "stall":  # hold the bytes: the peer sees silence
                     await asyncio.sleep(0.01)
                 if self.mode == "drop":

@@ -3,8 +3,11 @@
 With no flags it runs the embedded default (SQLite and a local directory under the
 data dir, the demo model). Storage comes from flags, else KVPACK_* environment
 variables (AWS_* for S3), else the TOML file named by --config / KVPACK_CONFIG (see
-kvpack/config.py). When it listens it prints one line starting with
-kvpack.server.app.READY, which `kvpack bench` waits for.
+kvpack/config.py). Before it listens it warms up (kvpack/service/warm.py: the S3 client
+and a connection, a pooled catalog connection, one short prefill, restore and decoded
+token), so the first request after a restart costs what the next ones do. When it
+listens it prints one line starting with kvpack.server.app.READY, which `kvpack bench`
+waits for; /readyz answers only from then on.
 
 SIGTERM (or Ctrl-C) stops it gracefully: the listener closes, requests in flight and then
 the publication queue get up to `drain_timeout_s` (KVPACK_DRAIN_TIMEOUT, 30 s) in all,
@@ -125,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
     except (ModelLoadError, InvalidRequest) as e:
         print(f"kvpack serve: {e}")
         return 2
+    _warm(service)
     if args.measure_restores:
         from kvpack.service.restores import RestoreMeter
 
@@ -139,6 +143,16 @@ def run(args: argparse.Namespace) -> int:
                   f"timeout ({settings.drain_timeout_s:g}s); their cuts are lost, not "
                   "damaged", flush=True)  # fmt: skip
     return 0
+
+
+def _warm(service: Service) -> None:
+    """Pay the first request's setup now, before the server listens (kvpack/service/warm.py),
+    on this thread: the engine's thread starts with the server."""
+    from kvpack.service.warm import warm
+
+    seconds = warm(service)
+    phases = ", ".join(f"{name} {s:.2f} s" for name, s in seconds.items())
+    print(f"kvpack serve: warm in {sum(seconds.values()):.2f} s ({phases})", flush=True)
 
 
 class Deadline:

@@ -39,7 +39,7 @@ from sqlalchemy.orm import Session
 from cas.breaker import Breaker
 from catalog import access
 from catalog.access import ALL_NAMESPACES, ROLES, Principal
-from catalog.db import UNREACHABLE
+from catalog.db import UNREACHABLE, Reader
 from kvpack.server.errors import ApiError
 
 Authenticator = Callable[[str], Principal | None]
@@ -105,6 +105,7 @@ def catalog_authenticator(db: Engine, *, breaker: Breaker | None = None) -> Auth
     """Look every token up in the catalog's api_keys (blocking: run it off the loop).
     `breaker` (the vault's catalog breaker) skips a catalog known to be down."""
     message = "the API key could not be checked: the catalog is unreachable"
+    read = Reader(db)
 
     def authenticate(token: str) -> Principal | None:
         if breaker is not None and not breaker.allow():
@@ -113,8 +114,7 @@ def catalog_authenticator(db: Engine, *, breaker: Breaker | None = None) -> Auth
                 503, message, code="auth_unavailable", headers={"Retry-After": str(retry)}
             )
         try:
-            with Session(db) as session, session.begin():
-                principal = access.authenticate(session=session, token=token)
+            principal = read(lambda s: access.authenticate(session=s, token=token))
         except SQLAlchemyError as e:  # fail closed: no answer is no access
             if breaker is not None and isinstance(e, UNREACHABLE):
                 breaker.failure()

@@ -10,6 +10,7 @@ import sys
 import time
 
 from kvpack.bench.serve import ServerProcess
+from kvpack.server.app import READY
 from tests.kvpack.serverkit import TINY_A, call
 
 REPO = "kvpack-test/tiny-8bit"
@@ -57,7 +58,9 @@ def test_serve_a_repo_id_cold_warm_then_durable(tmp_path, hub_cache, monkeypatch
     cached = [r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in (cold, warm, durable)]
     assert cached == [0, cold["usage"]["prompt_tokens"], cold["usage"]["prompt_tokens"]]
     assert len({r["choices"][0]["text"] for r in (cold, warm, durable)}) == 1
-    assert f"model {REPO}" in (tmp_path / "first.log").read_text()
+    log = (tmp_path / "first.log").read_text()
+    assert f"model {REPO}" in log
+    assert log.index("kvpack serve: warm in") < log.index(READY)  # warmed before it listens
 
 
 def test_serve_a_repo_id_that_is_not_cached_exits_naming_it(tmp_path, hub_cache, monkeypatch):

@@ -1,0 +1,403 @@
+"""The catalog benchmark: find_deepest on a catalog of realistic size, end to end from Python.
+
+- fill: a fresh PostgreSQL database on the server the URL names (created, migrated to
+  head, dropped afterwards unless kept) gets `manifests` rows by COPY. They are cuts as
+  the service publishes them: conversations under a few identities, each a token chain
+  that starts with one of a few shared system prompts and grows turn by turn; every turn
+  publishes its 2,048-token multiples, its last aligned cut and its exact cut (with
+  logits), and a cut an earlier turn already published is the same manifest (one
+  history, one manifest). Chain links are random 32-byte digests, shared exactly where
+  histories share tokens (what a real chain's digests look like to the catalog). Only
+  the tables find_deepest reads are filled (identities, manifests).
+- legs: lookups through Vault.find, the server's own path (the catalog breaker, the
+  Reader, the query): exact hits of prompts at three depth ranges, ancestor hits (a new
+  turn extending a published prompt: its deepest aligned cut serves), misses (a chain
+  nobody published), and a SELECT 1 round trip through the same Reader (the floor).
+  Legs take turns, one lookup each, so they share the machine's state alike.
+- validity gate: every answer is checked against the cut the fill says must serve; one
+  wrong answer makes the run invalid (the command exits 1).
+- execution: EXPLAIN ANALYZE of the same statement with a sample of each leg's
+  parameters: the server's own planning and execution time (median).
+- receipt: every figure as JSON, <receipts dir>/<run id>-catalog.json.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+
+from catalog.chain import TokenChain
+from catalog.db import normalize_database_url
+from catalog.ids import ChainDigest, IdentityDigest
+from catalog.models import IdentityRow, ManifestRow
+from catalog.queries import FIND_DEEPEST_POSTGRES, find_deepest_parameters
+from catalog.scope import Scope
+from kvpack.bench.serve import new_run_id, write_receipt
+from kvpack.config import Settings
+from kvpack.vault import Vault
+
+A = 256  # the default alignment
+DURABLE_EVERY = 2048  # the service publishes durable cuts at these multiples
+BLOCK_BYTES = 11_796_480  # one 256-token block of the demo model's state (11.25 MiB)
+HIT_RANGES = {"hit <= 1k": (1, 1024), "hit 1k-4k": (1025, 4096), "hit 4k-8k": (4097, 8448)}
+LEGS = (*HIT_RANGES, "ancestor hit", "miss", "round trip")
+RECEIPT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class CatalogBenchOptions:
+    database_url: str  # the server (and the database to connect to first)
+    manifests: int = 1_000_000
+    samples: int = 2000  # timed lookups per leg
+    identities: int = 4
+    system_prompts: int = 32  # per identity
+    max_blocks: int = 32  # a conversation's longest history, in blocks of A tokens
+    explain_samples: int = 50
+    seed: int = 0
+    keep: bool = False
+
+
+@dataclass
+class Conversation:
+    identity: IdentityDigest
+    links: list[tuple[int, ChainDigest]]  # its aligned links
+    turns: list[tuple[int, ChainDigest]]  # each turn's exact end
+
+
+@dataclass
+class Leg:
+    name: str
+    ms: list[float] = field(default_factory=list)
+    wrong: int = 0
+    chain_links: int = 0  # links per lookup (median)
+
+    def figures(self) -> dict[str, Any]:
+        ms = sorted(self.ms)
+        return {
+            "lookups": len(ms),
+            "p50_ms": _quantile(ms, 0.5),
+            "p90_ms": _quantile(ms, 0.9),
+            "p99_ms": _quantile(ms, 0.99),
+            "wrong": self.wrong,
+            "chain_links": self.chain_links,
+        }
+
+
+def _quantile(sorted_ms: list[float], q: float) -> float | None:
+    if not sorted_ms:
+        return None
+    return round(sorted_ms[min(len(sorted_ms) - 1, int(q * len(sorted_ms)))], 4)
+
+
+# -- the fill --------------------------------------------------------------------------
+
+
+class Fill:
+    """Generates conversations and their manifest rows (see the module docstring)."""
+
+    def __init__(self, opts: CatalogBenchOptions) -> None:
+        self.opts = opts
+        self.rng = random.Random(opts.seed)
+        self.identities = [IdentityDigest(self._bytes()) for _ in range(opts.identities)]
+        self.prompts = {
+            ident: [self._extend([], 0, self.rng.randint(1, 4)) for _ in range(opts.system_prompts)]
+            for ident in self.identities
+        }
+        self.rows = 0
+        self.sample: list[Conversation] = []  # a reservoir of conversations to look up
+        self._seen = 0
+
+    def _bytes(self) -> bytes:
+        return self.rng.randbytes(32)
+
+    def _extend(
+        self, links: list[tuple[int, ChainDigest]], depth: int, blocks: int
+    ) -> list[tuple[int, ChainDigest]]:
+        return links + [(depth + (i + 1) * A, ChainDigest(self._bytes())) for i in range(blocks)]
+
+    def conversation(self) -> Conversation:
+        ident = self.rng.choice(self.identities)
+        system = self.rng.choice(self.prompts[ident])
+        blocks = self.rng.randint(len(system), self.opts.max_blocks)
+        links = self._extend(system, len(system) * A, blocks - len(system))
+        ends = range(len(system) * A + 1, blocks * A + A)
+        depths = sorted(self.rng.sample(ends, min(len(ends), self.rng.randint(1, 4))))
+        # An exact end is not aligned here (an aligned end is its own aligned link).
+        turns = [(d + (d % A == 0), ChainDigest(self._bytes())) for d in depths]
+        return Conversation(identity=ident, links=links, turns=turns)
+
+    def cuts(self, conv: Conversation) -> Iterator[tuple[IdentityDigest, int, ChainDigest, bool]]:
+        """(identity, depth, chain, exact) of each manifest the conversation publishes."""
+        aligned = dict(conv.links)
+        published: set[int] = set()
+        for depth, digest in conv.turns:
+            last = depth // A * A
+            wanted = list(range(DURABLE_EVERY, depth + 1, DURABLE_EVERY))
+            if last >= A:
+                wanted.append(last)
+            for d in wanted:
+                if d not in published and d in aligned:
+                    published.add(d)
+                    yield conv.identity, d, aligned[d], False
+            yield conv.identity, depth, digest, True
+
+    def keep(self, conv: Conversation) -> None:
+        """Reservoir sampling: every conversation is as likely to be looked up."""
+        self._seen += 1
+        size = max(self.opts.samples // 4, 50)
+        if len(self.sample) < size:
+            self.sample.append(conv)
+        elif (j := self.rng.randrange(self._seen)) < size:
+            self.sample[j] = conv
+
+    def copy_rows(self, out: io.StringIO, limit: int) -> None:
+        """Tab-separated manifest rows until `limit` rows (whole conversations)."""
+        now = datetime.now(UTC).isoformat()
+        producer = "bench-producer"
+        while self.rows < limit:
+            conv = self.conversation()
+            self.keep(conv)
+            for ident, depth, chain, exact in self.cuts(conv):
+                mid = self.rng.randbytes(16).hex()
+                gen = 1_700_000_000_000_000_000 + self.rows
+                blocks = -(-depth // A)
+                fields = (
+                    mid, ident.hex, str(depth), chain.hex, "f" if exact else "t",
+                    "t" if exact else "f", str(blocks * BLOCK_BYTES), str(gen), producer,
+                    "local", self.rng.randbytes(32).hex(),
+                    f"manifests/{ident.hex}/{mid}-{gen}", now, "0",
+                )  # fmt: skip
+                out.write("\t".join(fields))
+                out.write("\n")
+                self.rows += 1
+
+
+MANIFEST_COLUMNS = (
+    "id", "identity", "depth", "chain", "aligned", "logits_witnessed", "bytes", "generation",
+    "producer", "provenance", "idempotency_key", "object_key", "created_at", "hits",
+)  # fmt: skip
+
+
+def fill(conn: psycopg.Connection, fill_: Fill, *, log: Callable[[str], None]) -> float:
+    """COPY the identities and `manifests` rows; ANALYZE; the seconds it took."""
+    t0 = time.perf_counter()
+    now = datetime.now(UTC)
+    with conn.cursor() as cur:
+        for ident in fill_.identities:
+            cur.execute(
+                f"INSERT INTO {IdentityRow.__tablename__} (digest, created_at, namespace, model)"
+                " VALUES (%s, %s, %s, %s)",
+                (ident.hex, now, "bench", "bench"),
+            )
+        batch = 50_000
+        columns = ", ".join(MANIFEST_COLUMNS)
+        while fill_.rows < fill_.opts.manifests:
+            buf = io.StringIO()
+            fill_.copy_rows(buf, min(fill_.rows + batch, fill_.opts.manifests))
+            with cur.copy(f"COPY {ManifestRow.__tablename__} ({columns}) FROM STDIN") as copy:
+                copy.write(buf.getvalue())
+            log(f"  {fill_.rows:,} manifests ({time.perf_counter() - t0:.0f} s)")
+        conn.commit()
+        cur.execute(f"ANALYZE {ManifestRow.__tablename__}")
+    conn.commit()
+    return time.perf_counter() - t0
+
+
+# -- the lookups -----------------------------------------------------------------------
+
+
+def lookups(fill_: Fill) -> dict[str, list[tuple[IdentityDigest, TokenChain, int | None]]]:
+    """Per leg: (identity, chain, the depth that must serve; None for a miss)."""
+    rng = random.Random(fill_.opts.seed + 1)
+    legs: dict[str, list[tuple[IdentityDigest, TokenChain, int | None]]] = {n: [] for n in LEGS}
+    for conv in fill_.sample:
+        aligned = dict(conv.links)
+        for depth, digest in conv.turns:
+            links = tuple((d, c) for d, c in conv.links if d < depth) + ((depth, digest),)
+            chain = TokenChain(alignment=A, depth=depth, links=links)
+            for name, (lo, hi) in HIT_RANGES.items():
+                if lo <= depth <= hi:
+                    legs[name].append((conv.identity, chain, depth))
+            last = depth // A * A
+            if last >= A:  # the next turn: the history so far, then new tokens
+                more = rng.randint(1, 8)
+                ext = [(d, c) for d, c in conv.links if d <= last]
+                ext += [(last + (i + 1) * A, ChainDigest(rng.randbytes(32))) for i in range(more)]
+                end = last + more * A + rng.randint(1, A - 1)
+                ext.append((end, ChainDigest(rng.randbytes(32))))
+                ancestor = TokenChain(alignment=A, depth=end, links=tuple(ext))
+                assert aligned[last] == ext[last // A - 1][1]
+                legs["ancestor hit"].append((conv.identity, ancestor, last))
+        depth = rng.randint(A, 16 * A)
+        links = tuple((d, ChainDigest(rng.randbytes(32))) for d in range(A, depth + 1, A))
+        tail = (depth + 1, ChainDigest(rng.randbytes(32)))
+        miss = TokenChain(alignment=A, depth=depth + 1, links=(*links, tail))
+        legs["miss"].append((conv.identity, miss, None))
+    return legs
+
+
+def run(opts: CatalogBenchOptions, *, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Fill a fresh database, time the legs; the receipt (see the module docstring)."""
+    if opts.manifests < 1 or opts.samples < 1:
+        raise ValueError("manifests and samples must be >= 1")
+    run_id = new_run_id()
+    name = f"kvpack_bench_{run_id.replace('-', '_').lower()}"
+    with (
+        fresh_database(opts.database_url, name, keep=opts.keep, log=log) as url,
+        tempfile.TemporaryDirectory(prefix="kvpack-bench-catalog-") as data_dir,
+    ):
+        settings = Settings.load(data_dir=Path(data_dir), database_url=url, env={})
+        vault = Vault.open(settings)  # migrates the fresh database to head
+        try:
+            fill_ = Fill(opts)
+            log(f"filling {opts.manifests:,} manifests ...")
+            with psycopg.connect(_libpq(url)) as conn:
+                fill_s = fill(conn, fill_, log=log)
+            receipt = measure(vault, fill_, opts, log=log)
+        finally:
+            vault.close()
+    receipt.update(
+        version=RECEIPT_VERSION,
+        run_id=run_id,
+        options=asdict(opts) | {"database_url": _redacted(opts.database_url)},
+        manifests=fill_.rows,
+        fill_seconds=round(fill_s, 1),
+    )
+    receipt["valid"] = all(leg["wrong"] == 0 for leg in receipt["legs"].values())
+    return receipt
+
+
+def measure(
+    vault: Vault, fill_: Fill, opts: CatalogBenchOptions, *, log: Callable[[str], None]
+) -> dict[str, Any]:
+    planned = lookups(fill_)
+    legs = {name: Leg(name) for name in LEGS}
+    scopes = {i: Scope(identity=i, namespace="bench", alignment=A) for i in fill_.identities}
+    rng = random.Random(opts.seed + 2)
+    order = [(name, rng.choice(planned[name])) for name in LEGS[:-1] if planned[name]
+             for _ in range(opts.samples)]  # fmt: skip
+    rng.shuffle(order)
+    select_one = text("SELECT 1")
+    for _, (ident, chain, _) in order[:200]:  # warm-up: pooled connection, prepared
+        vault.find(scopes[ident], chain)
+    trips = legs["round trip"].ms  # interleaved with the lookups
+    log(f"timing {len(order):,} lookups + {opts.samples:,} round trips ...")
+    for i, (name, (ident, chain, expected)) in enumerate(order):
+        t = time.perf_counter()
+        cut = vault.find(scopes[ident], chain)
+        legs[name].ms.append((time.perf_counter() - t) * 1e3)
+        if (None if cut is None else cut.depth) != expected:
+            legs[name].wrong += 1
+        if i % max(1, len(order) // opts.samples) == 0 and len(trips) < opts.samples:
+            t = time.perf_counter()
+            vault.read(lambda s: s.execute(select_one).scalar())
+            trips.append((time.perf_counter() - t) * 1e3)
+    for name, leg in legs.items():
+        if planned.get(name):
+            leg.chain_links = int(statistics.median(len(c.links) for _, c, _ in planned[name]))
+    explained = explain(vault, planned, opts.explain_samples)
+    report = {name: leg.figures() | explained.get(name, {}) for name, leg in legs.items()}
+    return {"legs": report}
+
+
+def explain(
+    vault: Vault, planned: dict[str, list[tuple[IdentityDigest, TokenChain, int | None]]], n: int
+) -> dict[str, dict[str, float]]:
+    """Per leg: the server's median planning and execution ms (EXPLAIN ANALYZE)."""
+    out: dict[str, dict[str, float]] = {}
+    statement = f"EXPLAIN (ANALYZE, FORMAT JSON) {FIND_DEEPEST_POSTGRES}"
+    with vault.db.connect() as conn:
+        for name, asks in planned.items():
+            if not asks:
+                continue
+            planning, execution = [], []
+            for ident, chain, _ in asks[:n]:
+                params = find_deepest_parameters(identity=ident, chain=chain, links=chain.links)
+                answer = conn.exec_driver_sql(statement, params).scalar()
+                plan = json.loads(answer) if isinstance(answer, str) else answer
+                assert plan is not None
+                planning.append(plan[0]["Planning Time"])
+                execution.append(plan[0]["Execution Time"])
+            out[name] = {
+                "server_planning_ms": round(statistics.median(planning), 4),
+                "server_execution_ms": round(statistics.median(execution), 4),
+            }
+    return out
+
+
+# -- the database ----------------------------------------------------------------------
+
+
+def _libpq(url: str) -> str:
+    """The URL as psycopg.connect takes it (no SQLAlchemy driver name)."""
+    return (
+        make_url(normalize_database_url(url))
+        .set(drivername="postgresql")
+        .render_as_string(hide_password=False)
+    )
+
+
+def _redacted(url: str) -> str:
+    return make_url(url).render_as_string(hide_password=True)
+
+
+@contextmanager
+def fresh_database(
+    server_url: str, name: str, *, keep: bool, log: Callable[[str], None]
+) -> Iterator[str]:
+    """A new database `name` on the server of `server_url` (the URL of it), dropped after."""
+    parsed = make_url(normalize_database_url(server_url))
+    if parsed.get_backend_name() != "postgresql":
+        raise ValueError(f"bench-catalog needs a PostgreSQL URL, not {_redacted(server_url)}")
+    with psycopg.connect(_libpq(server_url), autocommit=True, connect_timeout=10) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = parsed.set(database=name).render_as_string(hide_password=False)
+    try:
+        yield url
+    finally:
+        if keep:
+            log(f"kept database {_redacted(url)}")
+        else:
+            with psycopg.connect(_libpq(server_url), autocommit=True) as admin:
+                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def format_table(receipt: dict[str, Any]) -> str:
+    lines = [
+        f"find_deepest, PostgreSQL, {receipt['manifests']:,} manifests "
+        f"(filled in {receipt['fill_seconds']} s); ms from Python (Vault.find), and the "
+        "server's own (EXPLAIN ANALYZE, median)",
+        f"{'leg':<14} {'lookups':>8} {'links':>6} {'p50':>8} {'p90':>8} {'p99':>8} "
+        f"{'plan':>7} {'exec':>7} {'wrong':>6}",
+    ]
+    for name, leg in receipt["legs"].items():
+
+        def f(v: float | None) -> str:
+            return "-" if v is None else f"{v:.3f}"
+
+        lines.append(
+            f"{name:<14} {leg['lookups']:>8} {leg['chain_links']:>6} {f(leg['p50_ms']):>8} "
+            f"{f(leg['p90_ms']):>8} {f(leg['p99_ms']):>8} "
+            f"{f(leg.get('server_planning_ms')):>7} {f(leg.get('server_execution_ms')):>7} "
+            f"{leg['wrong']:>6}"
+        )
+    lines.append("valid" if receipt["valid"] else "INVALID: a lookup answered the wrong cut")
+    return "\n".join(lines)
+
+
+def save(receipt: dict[str, Any], receipts_dir: Path) -> Path:
+    return write_receipt(receipts_dir, f"{receipt['run_id']}-catalog", receipt)

@@ -1,0 +1,91 @@
+"""Warm start: what the first request after a restart would otherwise pay, paid before
+the server reports ready.
+
+- store: one stat and one get of a key that is never written (Vault.check_store, then a
+  get answered "missing"): the S3 client is created on the vault's loop (credentials,
+  endpoint rules, the service model: a few hundred milliseconds), the operation a restore
+  reads with has run once, and the connection pool holds an open connection.
+- catalog: one trivial query and one find_deepest through the vault's Reader: a pooled
+  connection, and the lookup's statement path taken once.
+- engine: on the default tenant's first slot, a short prefill, the export of that cut,
+  its encoding to planes and their restore into the slot (decode, gate, install), and
+  one decoded token; then the slot is reset. The code a durable restore and a first
+  step run has run once, with nothing left behind: no cut is published, no counter moves.
+
+A dependency that does not answer is logged and skipped: readiness (/readyz) reports it,
+and the server still starts (invariant 9: an outage slows a request, it does not fail it).
+Each phase's seconds are returned for the startup log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from cas.errors import ObjectMissing
+from catalog.scope import Scope
+from engine import format as planes_format
+from engine.slots import Slot
+from kvpack.service.service import Service
+from kvpack.vault import READY_PROBE_KEY, READY_PROBE_TIMEOUT_S, Vault
+
+log = logging.getLogger(__name__)
+WARM_TOKENS = 8  # a short prefill: the first forward's setup, not a real prompt's cost
+
+
+def warm(service: Service) -> dict[str, float]:
+    """Warm the store, the catalog and the engine (see the module docstring)."""
+    tenant = service.tenant(service.loaded.identity.namespace)
+    vocab = tenant.pool.vocab_size
+    tokens = [(7919 * i + 1) % vocab for i in range(WARM_TOKENS)]
+    vault, scope = service.vault, tenant.scope
+    phases: dict[str, Callable[[], object]] = {
+        "store": lambda: _store(vault),
+        "catalog": lambda: _catalog(vault, scope, tokens),
+        "engine": lambda: _engine(service, tenant.pool.slot(0), tokens),
+    }
+    seconds: dict[str, float] = {}
+    for name, phase in phases.items():
+        t = time.perf_counter()
+        try:
+            phase()
+        except Exception as e:  # noqa: BLE001 - warming is best effort; readiness reports
+            log.warning("warm start: %s skipped: %s: %s", name, type(e).__name__, e)
+        seconds[name] = time.perf_counter() - t
+    return seconds
+
+
+def _store(vault: Vault) -> None:
+    _answered(vault.check_store)
+    with contextlib.suppress(ObjectMissing):  # the answer expected
+        vault.run(vault.objects.get(READY_PROBE_KEY), READY_PROBE_TIMEOUT_S)
+
+
+def _catalog(vault: Vault, scope: Scope, tokens: list[int]) -> None:
+    _answered(vault.check_catalog)
+    vault.find(scope, scope.chain(tokens))
+
+
+def _answered(check: Callable[[], dict[str, Any]]) -> None:
+    report = check()
+    if not report["up"]:
+        raise ConnectionError(report.get("detail", "no answer"))
+
+
+def _engine(service: Service, slot: Slot, tokens: list[int]) -> None:
+    tokenizer = service.loaded.tokenizer
+    try:
+        tokenizer.encode("warm start")  # a text prompt's first tokenizing
+        slot.prefill(tokens)
+        planes = planes_format.encode(slot.export())
+        slot.reset()
+        slot.restore(planes, prompt=tokens)
+        decoding = slot.decoding(max_tokens=1)
+        while not decoding.done:
+            if (drawn := decoding.step()) is not None:
+                tokenizer.decode([drawn.token])
+    finally:
+        slot.reset()

@@ -1,0 +1,66 @@
+"""kvpack bench-catalog: a small fill on the real PostgreSQL, every leg answered as the fill
+says it must be (the validity gate), the receipt, and the database dropped afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import psycopg
+import pytest
+
+from kvpack import cli
+from kvpack.bench.catalog import LEGS, CatalogBenchOptions, Fill, lookups
+from tests.fixtures.db import DEFAULT_PG_URL, DatabaseFactory
+
+SERVER = os.environ.get("KVPACK_TEST_PG_URL", DEFAULT_PG_URL)
+
+
+def test_lookups_expect_the_cuts_the_fill_published():
+    """The plan's expectations follow from the fill: an exact hit names its own turn's
+    exact cut, an ancestor hit a published aligned cut, a miss shares no link."""
+    fill = Fill(CatalogBenchOptions(database_url=SERVER, manifests=3000, samples=100))
+    published = {}
+    while fill.rows < 3000:
+        conv = fill.conversation()
+        fill.keep(conv)
+        for ident, depth, chain, exact in fill.cuts(conv):
+            published[(ident, chain)] = (depth, exact)
+            fill.rows += 1
+    planned = lookups(fill)
+    assert all(planned[name] for name in LEGS[:-1])
+    for name, asks in planned.items():
+        for ident, chain, expected in asks:
+            served = [
+                published[(ident, c)][0]
+                for d, c in chain.links
+                if (ident, c) in published
+                and (published[(ident, c)][1] if d == chain.depth else d % 256 == 0)
+            ]
+            assert max(served, default=None) == expected, name
+
+
+@pytest.mark.postgres
+def test_bench_catalog_fills_times_every_leg_and_drops_its_database(tmp_path, capsys):
+    DatabaseFactory("postgres", tmp_path)  # skips (or fails under CI) without PostgreSQL
+    before = _databases()
+    argv = ["bench-catalog", "--database-url", SERVER, "--manifests", "2000", "--samples", "30",
+            "--receipts-dir", str(tmp_path)]  # fmt: skip
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "valid" in out and "INVALID" not in out
+    (receipt_path,) = tmp_path.glob("*-catalog.json")
+    receipt = json.loads(receipt_path.read_text())
+    assert receipt["valid"] and receipt["manifests"] >= 2000
+    assert set(receipt["legs"]) == set(LEGS)
+    for name in LEGS:
+        leg = receipt["legs"][name]
+        assert leg["lookups"] == 30 and leg["wrong"] == 0 and leg["p50_ms"] > 0
+    assert receipt["legs"]["miss"]["server_execution_ms"] > 0
+    assert _databases() == before
+
+
+def _databases() -> set[str]:
+    with psycopg.connect(SERVER.replace("+psycopg", ""), autocommit=True) as conn:
+        rows = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'kvpack_bench_%'")
+        return {r[0] for r in rows}

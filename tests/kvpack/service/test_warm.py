@@ -1,0 +1,64 @@
+"""Warm start (kvpack/service/warm.py) on the tiny model: the object store's client and a
+catalog connection exist afterwards, on the embedded default and on S3 + PostgreSQL; the
+engine ran a prefill, restore and decode, and left nothing behind (no cut, no counter,
+a fresh slot, the same cold answer as a service that never warmed)."""
+
+from __future__ import annotations
+
+import logging
+
+from kvpack.config import Settings
+from kvpack.service.service import CompletionRequest
+from kvpack.service.warm import warm
+from tests.engine.slotkit import TINY_A
+
+PROMPT = list(range(3, 3 + 2 * TINY_A + 5))
+
+
+def test_warm_opens_the_store_and_catalog_and_leaves_no_trace(shared_settings, open_service,
+                                                              caplog):  # fmt: skip
+    """Branches: each dependency answered (no warning); the store's client and a pooled
+    catalog connection are there before any request; nothing was published or counted."""
+    service = open_service(shared_settings)
+    vault = service.vault
+    with caplog.at_level(logging.WARNING, logger="kvpack.service.warm"):
+        seconds = warm(service)
+    assert set(seconds) == {"store", "catalog", "engine"} and not caplog.records
+    if hasattr(vault.objects, "breaker"):  # S3: the client exists on the vault's loop
+        assert vault.objects._conn is not None and vault.objects._conn.loop is vault.io.loop
+    assert vault.db.pool.checkedin() >= 1
+    tenant = service.tenant(service.loaded.identity.namespace)
+    assert all(slot.depth == 0 for slot in tenant.pool.slots)
+    assert service.flush(30) and service.background.stats()["done"] == 0
+    assert len(service.resident) == 0 and vault.stats().total.cuts == 0
+    assert service.accounting.total("kvpack_restored_tokens_total") == 0
+
+
+def test_a_warmed_service_answers_as_a_cold_one(tmp_path, open_service):
+    """The first request after warming is cold (the warm-up published nothing) and its
+    output is a never-warmed service's, token for token."""
+    outputs = []
+    for name, warmed in (("plain", False), ("warmed", True)):
+        settings = Settings.load(data_dir=tmp_path / name, alignment=TINY_A, env={})
+        service = open_service(settings)
+        if warmed:
+            warm(service)
+        done = service.complete(CompletionRequest(tokens=PROMPT, max_tokens=8))
+        assert done.tier == "none"
+        outputs.append(done.tokens)
+    assert outputs[0] == outputs[1]
+
+
+def test_warm_with_the_store_unreachable_logs_and_goes_on(tmp_path, open_service, caplog):
+    """Branch: a dependency that does not answer is skipped with a warning; warm-up ends
+    (readiness reports the outage; the server still starts)."""
+    settings = Settings.load(
+        data_dir=tmp_path / "vault", alignment=TINY_A, env={}, store_url="s3://nowhere/x",
+        s3_endpoint="http://127.0.0.1:9", s3_access_key="k", s3_secret_key="s",
+    )  # fmt: skip
+    service = open_service(settings)
+    with caplog.at_level(logging.WARNING, logger="kvpack.service.warm"):
+        seconds = warm(service)
+    assert set(seconds) == {"store", "catalog", "engine"}
+    skipped = [r.getMessage() for r in caplog.records if r.name == "kvpack.service.warm"]
+    assert len(skipped) == 1 and skipped[0].startswith("warm start: store skipped")

@@ -7,9 +7,10 @@ the server reports ready.
   reads with has run once, and the connection pool holds an open connection.
 - catalog: one trivial query and one find_deepest through the vault's Reader: a pooled
   connection, and the lookup's statement path taken once.
-- engine: on the default tenant's first slot, a short prefill, the export of that cut,
-  its encoding to planes and their restore into the slot (decode, gate, install), and
-  one decoded token; then the slot is reset. The code a durable restore and a first
+- engine: on the default tenant's first slot, a short prefill, the export of that cut
+  and its encoding to planes, its restore both ways a hit restores (the Snapshot, as a
+  resident hit installs; the planes through an intake, as a durable hit reads), and one
+  decoded token; then the slot is reset. The code a durable restore and a first
   step run has run once, with nothing left behind: no cut is published, no counter moves.
 
 A dependency that does not answer is logged and skipped: readiness (/readyz) reports it,
@@ -22,13 +23,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from cas.errors import ObjectMissing
 from catalog.scope import Scope
 from engine import format as planes_format
+from engine.intake import Intake
 from engine.slots import Slot
+from engine.state import Planes
 from kvpack.service.service import Service
 from kvpack.vault import READY_PROBE_KEY, READY_PROBE_TIMEOUT_S, Vault
 
@@ -80,12 +83,37 @@ def _engine(service: Service, slot: Slot, tokens: list[int]) -> None:
     try:
         tokenizer.encode("warm start")  # a text prompt's first tokenizing
         slot.prefill(tokens)
-        planes = planes_format.encode(slot.export())
-        slot.reset()
-        slot.restore(planes, prompt=tokens)
+        snapshot = slot.export()
+        planes = planes_format.encode(snapshot)
+        for cut in (snapshot, _InMemory(planes)):  # a resident hit's install, a durable one's
+            slot.reset()
+            slot.restore(cut, prompt=tokens)
         decoding = slot.decoding(max_tokens=1)
         while not decoding.done:
             if (drawn := decoding.step()) is not None:
                 tokenizer.decode([drawn.token])
     finally:
         slot.reset()
+
+
+class _InMemory:
+    """Planes as an intake Source: the path a durable restore takes, fed from memory."""
+
+    def __init__(self, planes: Planes) -> None:
+        self.planes = planes
+
+    @property
+    def layout(self) -> Mapping[str, Any]:
+        return self.planes.layout
+
+    @property
+    def depth(self) -> int:
+        return self.planes.depth
+
+    def fill(self, intake: Intake) -> None:
+        sizes = [(role, memoryview(data).nbytes) for role, data in self.planes.parts]
+        for (_, data), segments in zip(self.planes.parts, intake.destinations(sizes), strict=True):
+            view, offset = memoryview(data).cast("B"), 0
+            for segment in segments:
+                segment[:] = view[offset : offset + segment.nbytes]
+                offset += segment.nbytes

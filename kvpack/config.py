@@ -31,9 +31,8 @@ names come after kvpack's own), its parser and its default.
     quarantine_retention_s  KVPACK_QUARANTINE_RETENTION  quarantined imports kept ("7d")
     verify_interval_s KVPACK_VERIFY_INTERVAL  the maintainer's verify interval (0: off)
     mlx_cache_limit   KVPACK_MLX_CACHE_LIMIT  freed memory MLX keeps for reuse ("2GiB";
-                                            MLX's own CPU default keeps 32 MiB, less than
-                                            one cut). Restores reuse it instead of
-                                            faulting in fresh zero-filled pages.
+                                            unset: MLX's own default). Restores reuse it
+                                            instead of faulting in fresh zeroed pages.
     publish           KVPACK_PUBLISH        whether cold prefills publish their cuts (true;
                                             false: an A/B control, a read-only replica)
     publish_max_defer_s KVPACK_PUBLISH_MAX_DEFER  the longest a durable cut waits for its
@@ -77,7 +76,6 @@ DEFAULT_DRAIN_TIMEOUT_S = 30.0
 DEFAULT_GC_INTERVAL_S = 300.0
 DEFAULT_GC_GRACE_S = 3600.0
 DEFAULT_QUARANTINE_RETENTION_S = 7 * 86400.0
-DEFAULT_MLX_CACHE_LIMIT = 2 << 30  # the demo model's full-context cut is 366 MB
 DEFAULT_PUBLISH_MAX_DEFER_S = 30.0  # kvpack/service/publication.py DEFAULT_MAX_DEFER_S
 PRODUCER_FILE = "producer-id"
 
@@ -114,7 +112,7 @@ class Settings:
     quarantine_retention_s: float = DEFAULT_QUARANTINE_RETENTION_S
     verify_interval_s: float = 0.0
     s3_secret_key_file: Path | None = None
-    mlx_cache_limit: int = DEFAULT_MLX_CACHE_LIMIT
+    mlx_cache_limit: int | None = None
     publish: bool = True
     publish_max_defer_s: float = DEFAULT_PUBLISH_MAX_DEFER_S
 
@@ -355,9 +353,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("verify_interval_s", ("KVPACK_VERIFY_INTERVAL",), _duration, lambda v: 0.0),
     Setting("s3_secret_key_file", ("KVPACK_S3_SECRET_KEY_FILE",), _path, lambda v: None),
-    Setting(
-        "mlx_cache_limit", ("KVPACK_MLX_CACHE_LIMIT",), _size, lambda v: DEFAULT_MLX_CACHE_LIMIT
-    ),
+    Setting("mlx_cache_limit", ("KVPACK_MLX_CACHE_LIMIT",), _size, lambda v: None),
     Setting("publish", ("KVPACK_PUBLISH",), _bool, lambda v: True),
     Setting(
         "publish_max_defer_s",

@@ -190,9 +190,10 @@ class Service:
             adapter=adapter,
             hf_cache=hf_cache,
         )
-        # Process-wide: freed buffers up to the limit are reused by the next restore
-        # (its shadow caches) instead of fresh zero-filled pages.
-        mx.set_cache_limit(settings.mlx_cache_limit)
+        if settings.mlx_cache_limit is not None:
+            # Process-wide: freed buffers up to the limit are reused by the next restore
+            # instead of fresh zero-filled pages.
+            mx.set_cache_limit(settings.mlx_cache_limit)
         own = vault is None
         if vault is None:
             vault = Vault.open(settings, timeout_s=io_timeout_s)

@@ -107,6 +107,18 @@ def run_steps(steps: Generator[Step, None, Completion]) -> Completion:
             return done.value
 
 
+def _published(
+    publication: Publication,
+    steps: Callable[[RequestPublication], Generator[Step, None, Completion]],
+) -> Generator[Step, None, Completion]:
+    """A request's steps with its publication: its durable cuts may go once it ends."""
+    pub = publication.request()
+    try:
+        return (yield from steps(pub))
+    finally:  # served, cancelled, failed or abandoned
+        pub.served()
+
+
 class Service:
     def __init__(
         self,
@@ -277,24 +289,12 @@ class Service:
         tokens = tenant.pool.check_tokens(req.tokens)
         if not tokens:
             raise InvalidRequest("tokens", "the prompt is empty")
-        return self._steps(tenant, tokens, req, on_text, on_token, cancel)
+        return _published(
+            self.publication,
+            lambda pub: self._steps(tenant, tokens, req, on_text, on_token, cancel, pub),
+        )
 
     def _steps(
-        self,
-        tenant: Tenant,
-        tokens: list[int],
-        req: CompletionRequest,
-        on_text: Callable[[str], None] | None,
-        on_token: Callable[[Drawn], None] | None,
-        cancel: threading.Event | None,
-    ) -> Generator[Step, None, Completion]:
-        pub = self.publication.request()
-        try:
-            return (yield from self._serve(tenant, tokens, req, on_text, on_token, cancel, pub))
-        finally:  # served, cancelled, failed or abandoned: its durable cuts may go now
-            pub.served()
-
-    def _serve(
         self,
         tenant: Tenant,
         tokens: list[int],

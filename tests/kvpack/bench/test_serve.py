@@ -21,14 +21,12 @@ from kvpack.bench.serve import (
     run_leg,
     write_receipt,
 )
-from tests.kvpack.serverkit import TINY_A, SlowService, open_tiny_service, running
+from tests.kvpack.serverkit import TINY_A, SlowService, running
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory):
-    svc = open_tiny_service(tmp_path_factory.mktemp("vault"))
-    yield svc
-    svc.close()
+@pytest.fixture
+def service(tiny_service):
+    return tiny_service
 
 
 def test_prompts_are_deterministic_and_exactly_the_depth(service):

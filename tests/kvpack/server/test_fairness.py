@@ -15,17 +15,15 @@ from catalog import access
 from kvpack.server.app import FRONT, make_app
 from kvpack.server.auth import catalog_authenticator
 from tests.engine.slotkit import prompt
-from tests.kvpack.serverkit import SlowService, call, open_tiny_service, serving
+from tests.kvpack.serverkit import SlowService, call, serving
 
 LONG = 2000  # tokens: 32 aligned prefill steps each
 SHORT_STEPS = 5  # B's request: its lookup, one prefill step, two tokens, the end
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory):
-    svc = open_tiny_service(tmp_path_factory.mktemp("vault"))
-    yield svc
-    svc.close()
+@pytest.fixture
+def service(tiny_service):
+    return tiny_service
 
 
 def keys(service, *namespaces: str) -> list[str]:

@@ -23,7 +23,7 @@ from engine.sampling import Sampling
 from engine.slots import SlotPool
 from kvpack.server.auth import catalog_authenticator
 from tests.engine.slotkit import prompt
-from tests.kvpack.serverkit import open_tiny_service, running
+from tests.kvpack.serverkit import running
 
 CLIENTS = 32
 TENANTS = 4
@@ -105,11 +105,9 @@ def send(url: str, token: str, ask: Ask) -> tuple[float, str, str]:
     return seconds, *out
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory):
-    svc = open_tiny_service(tmp_path_factory.mktemp("vault"))
-    yield svc
-    svc.close()
+@pytest.fixture
+def service(tiny_service):
+    return tiny_service
 
 
 def test_32_concurrent_clients_get_no_error_and_only_cold_outputs(service):

@@ -35,17 +35,36 @@ from kvpack.tiers.base import Ask
 from kvpack.tiers.durable import CutReader
 
 
-def main() -> None:
-    args = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def options(doc: str, *, rounds: int) -> argparse.Namespace:
+    """The read-path benchmarks' options (this one's and restore_phases.py's)."""
+    args = argparse.ArgumentParser(description=doc.splitlines()[0])
     args.add_argument("--model", default="smollm2")
     args.add_argument("--depth", type=int, default=2048)
-    args.add_argument("--rounds", type=int, default=5)
+    args.add_argument("--rounds", type=int, default=rounds)
     args.add_argument("--mlx-cache-limit", help="the mlx_cache_limit setting (unset: MLX's)")
-    opts = args.parse_args()
+    return args.parse_args()
+
+
+def vault_settings(tmp: str, opts: argparse.Namespace) -> Settings:
+    """An embedded vault in `tmp`, with the options' MLX cache limit."""
+    limit = {"mlx_cache_limit": opts.mlx_cache_limit} if opts.mlx_cache_limit else {}
+    return Settings.load(data_dir=Path(tmp) / "vault", env={}, **limit)
+
+
+def publish_prompt(svc: Service, depth: int) -> list[int]:
+    """A seeded `depth`-token prompt, prefilled and its cuts published; its tokens."""
+    vocab = svc.tenant("default").pool.vocab_size
+    key = mx.random.key(7)
+    tokens = [int(t) for t in mx.random.randint(0, vocab, (depth,), key=key).tolist()]
+    svc.complete(CompletionRequest(tokens=tokens, max_tokens=1))
+    assert svc.flush(900), "publication did not finish"
+    return tokens
+
+
+def main() -> None:
+    opts = options(__doc__, rounds=5)
     with tempfile.TemporaryDirectory() as tmp:
-        limit = {"mlx_cache_limit": opts.mlx_cache_limit} if opts.mlx_cache_limit else {}
-        settings = Settings.load(data_dir=Path(tmp) / "vault", env={}, **limit)
-        svc = Service.open(settings, model=opts.model)
+        svc = Service.open(vault_settings(tmp, opts), model=opts.model)
         try:
             run(svc, opts.depth, opts.rounds)
         finally:
@@ -54,11 +73,7 @@ def main() -> None:
 
 def run(svc: Service, depth: int, rounds: int) -> None:
     tenant = svc.tenant("default")
-    vocab = tenant.pool.vocab_size
-    key = mx.random.key(7)
-    tokens = [int(t) for t in mx.random.randint(0, vocab, (depth,), key=key).tolist()]
-    svc.complete(CompletionRequest(tokens=tokens, max_tokens=1))
-    assert svc.flush(600), "publication did not finish"
+    tokens = publish_prompt(svc, depth)
     scope, slot = tenant.scope, tenant.pool.slot(0)
     cut = svc.vault.find(scope, scope.chain(tokens))
     assert cut is not None and cut.depth == depth, "the exact cut was not published"

@@ -3,45 +3,37 @@
     .venv/bin/python benchmarks/restore_phases.py [--model smollm2] [--depth 2048]
         [--rounds 6] [--mlx-cache-limit 2GiB]
 
-Publishes the exact cut of a `depth`-token prompt into a fresh embedded vault (local
-directory + SQLite, in a temporary folder), opens a new Service on it (an empty resident
-tier), then restores the cut into a slot `rounds` times through the durable tier's
-reader, timing each phase: find (the catalog query), manifest (open and verify it),
-intake (allocate the shadow caches the cut becomes), fill (every chunk read, opened and
-re-hashed straight into them) and commit (heads checked, the swap, the caches
-evaluated). Prints the first round (fresh memory) and the median of the rest.
+Publishes the exact cut of a `depth`-token prompt (read_path.py's) into a fresh
+embedded vault (local directory + SQLite, in a temporary folder), opens a new Service on
+it (an empty resident tier), then restores the cut into a slot `rounds` times through
+the durable tier's reader, timing each phase: find (the catalog query), manifest (open
+and verify it), intake (allocate the shadow caches the cut becomes), fill (every chunk
+read, opened and re-hashed straight into them) and commit (heads checked, the swap, the
+caches evaluated). Prints the first round (fresh memory) and the median of the rest.
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 import mlx.core as mx
+from read_path import options, publish_prompt, vault_settings  # beside this file
 
-from kvpack.config import Settings
-from kvpack.service.service import CompletionRequest, Service
+from kvpack.service.service import Service
 from kvpack.tiers.durable import CutReader
 
 PHASES = ("find", "manifest", "intake", "fill", "commit")
 
 
 def main() -> None:
-    args = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    args.add_argument("--model", default="smollm2")
-    args.add_argument("--depth", type=int, default=2048)
-    args.add_argument("--rounds", type=int, default=6)
-    args.add_argument("--mlx-cache-limit", help="the mlx_cache_limit setting (unset: MLX's)")
-    opts = args.parse_args()
-    limit = {"mlx_cache_limit": opts.mlx_cache_limit} if opts.mlx_cache_limit else {}
+    opts = options(__doc__, rounds=6)
     with tempfile.TemporaryDirectory() as tmp:
-        settings = Settings.load(data_dir=Path(tmp) / "vault", env={}, **limit)
+        settings = vault_settings(tmp, opts)
         with_cut = Service.open(settings, model=opts.model)
         try:
-            tokens = publish(with_cut, opts.depth)
+            tokens = publish_prompt(with_cut, opts.depth)
         finally:
             with_cut.close()
         svc = Service.open(settings, model=opts.model)
@@ -49,22 +41,14 @@ def main() -> None:
             rounds, mb = restore(svc, tokens, opts.rounds)
         finally:
             svc.close()
-    print(f"model {opts.model}, depth {opts.depth}, {mb:.1f} MB, mlx_cache_limit {limit or '-'}")
+    limit = opts.mlx_cache_limit or "-"
+    print(f"model {opts.model}, depth {opts.depth}, {mb:.1f} MB, mlx_cache_limit {limit}")
     print(f"{'':12s}" + "".join(f"{p:>10s}" for p in (*PHASES, "total")) + "      MB/s")
     rest = [statistics.median(column) for column in zip(*rounds[1:], strict=True)]
     for name, row in (("first", rounds[0]), ("median rest", rest)):
         total = sum(row)
         cells = "".join(f"{1000 * s:8.1f}ms" for s in (*row, total))
         print(f"{name:12s}{cells}{mb / total:10.0f}")
-
-
-def publish(svc: Service, depth: int) -> list[int]:
-    vocab = svc.tenant("default").pool.vocab_size
-    key = mx.random.key(7)
-    tokens = [int(t) for t in mx.random.randint(0, vocab, (depth,), key=key).tolist()]
-    svc.complete(CompletionRequest(tokens=tokens, max_tokens=1))
-    assert svc.flush(900), "publication did not finish"
-    return tokens
 
 
 def restore(svc: Service, tokens: list[int], rounds: int) -> tuple[list[list[float]], float]:

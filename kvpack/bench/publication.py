@@ -29,7 +29,6 @@
 
 from __future__ import annotations
 
-import json
 import secrets
 import statistics
 import time
@@ -43,6 +42,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from catalog.models import ChunkRow
+from kvpack.bench.serve import write_receipt
 from kvpack.config import Settings
 from kvpack.service.service import Completion, CompletionRequest, Service
 
@@ -246,10 +246,7 @@ def run(plan: Plan, *, log: Callable[[str], None] = print) -> dict[str, Any]:
         "targets": {"decode_ratio_min": DECODE_RATIO_MIN, "prefill_ratio_max": PREFILL_RATIO_MAX},
         "depths": depths,
     }
-    plan.receipts_dir.mkdir(parents=True, exist_ok=True)
-    path = plan.receipts_dir / f"publication-{run_id}.json"
-    with path.open("x") as f:  # a receipt is never overwritten
-        json.dump(receipt, f, indent=2, sort_keys=True)
+    path = write_receipt(plan.receipts_dir, f"publication-{run_id}", receipt)  # never overwritten
     receipt["path"] = str(path)
     return receipt
 

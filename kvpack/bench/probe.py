@@ -144,7 +144,7 @@ def export(request: dict[str, Any]) -> dict[str, Any]:
         vault = client.vault
         cut = vault.find(scope, scope.chain(tokens))
         assert cut is not None and cut.depth == len(tokens)
-        parts = vault.load(cut, scope).manifest.parts
+        parts = vault.open_cut(cut, scope).manifest.parts  # the sizes and ids, no chunk read
         out: dict[str, Any] = {
             "tier": restored.tier, "depth": restored.depth, "first_token": first,
             "restore_seconds": restored.restore_seconds, "cut_bytes": cut.bytes,

@@ -1,6 +1,6 @@
 """cas — bytes: sealed, content-addressed chunks.
 
-Words (see DESIGN.md):
+Words (see docs/architecture.md):
 - chunk: sealed bytes of one block (or one logits plane), stored once and
   named by its content digest.
 - chunk id: a keyed BLAKE3 digest of a chunk's plaintext. The key is derived

@@ -1,6 +1,6 @@
 """The token chain: rolling digests that name prefixes of a token history.
 
-Words (see DESIGN.md):
+Words (see docs/architecture.md):
 - token chain: a rolling BLAKE3 digest over the token ids (uint32 little-endian,
   under a versioned domain tag), taken at every aligned boundary k*A (k >= 1)
   and at the exact end. `chain[k]` names the prefix tokens[:k*A].

@@ -23,7 +23,7 @@ Words:
 - condemned: a chunk row GC has claimed (condemned_at/by) while it deletes the
   chunk's object; the row is deleted only after the object is gone.
 
-Why a publish in flight never loses a chunk (DESIGN invariant 11):
+Why a publish in flight never loses a chunk (docs/architecture.md, invariant 11):
 1. Before uploading, a publish reserves its chunks in a committed transaction:
    each row is inserted or has last_referenced_at set to now, unless GC has
    condemned it, in which case the publish waits until the row is gone (GC

@@ -1,6 +1,6 @@
 """The catalog's ids, beside cas's ChunkId (cas/ids.py): each a small frozen value.
 
-- IdentityDigest: the identity (DESIGN: the digest of everything that makes a KV state
+- IdentityDigest: the identity (docs/architecture.md: the digest of everything that makes a KV state
   meaningful), 32 bytes. The engine computes it; everything below the engine keys by it.
 - ChainDigest: one link of a token chain (catalog/chain.py), 32 bytes: the name of a
   prefix of a token history.

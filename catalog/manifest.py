@@ -1,6 +1,6 @@
 """Manifests: the sealed, immutable description of one cut.
 
-Words (see DESIGN.md):
+Words (see docs/architecture.md):
 - manifest (pack): identity, depth, token-chain digest, its ordered parts, the
   engine's layout (shapes, dtypes, ring metadata), whether final logits were
   witnessed, generation and producer.

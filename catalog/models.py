@@ -1,6 +1,6 @@
 """Catalog tables: the facts about what the vault holds.
 
-Words (see DESIGN.md):
+Words (see docs/architecture.md):
 - identities: one row per identity digest, with the components that made it, its
   tenant namespace and the name of the model it was loaded as (what `kvpack vault
   forget --model` and the per-identity stats go by; None where not recorded).

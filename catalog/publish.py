@@ -2,7 +2,7 @@
 
 publish: chunks stored and verified first, then the manifest object, then the
 catalog rows in one transaction, so a reader never sees a manifest whose
-chunks are not all stored (DESIGN invariant 6). In order:
+chunks are not all stored (docs/architecture.md, invariant 6). In order:
 
 1. the idempotency key (domain tag + identity + full-history chain digest)
    finds an existing manifest → return it (same history, one manifest); one whose

@@ -4,7 +4,7 @@ The caller owns the transaction (`with Session(engine) as s, s.begin(): ...`),
 so two writes can be atomic. Ids go in as values (catalog/ids.py) and are stored as
 their hex; chunk rows are keyed by the chunk id's hex.
 
-Words (see DESIGN.md):
+Words (see docs/architecture.md):
 - cut: the state after exactly `depth` tokens, as the catalog knows it (Cut).
   An aligned cut can serve any longer prompt that shares its chain link; a
   non-aligned cut serves only the exact history it names.

@@ -1,6 +1,6 @@
 """Producer keys: Ed25519 signatures that say which vault produced a pack.
 
-Words (see DESIGN.md, "seal"):
+Words (see docs/architecture.md):
 - producer: a vault's name, the `producer` of the manifests it seals.
 - producer key: an Ed25519 key pair of one producer. Its id is the first 8 bytes of
   SHA-256 over the raw public key, in hex, so an id names exactly one public key.

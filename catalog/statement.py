@@ -1,6 +1,6 @@
 """Export statements: what a vault tells a peer about one of its cuts, signed.
 
-Words (see DESIGN.md, flow step 2 "remote"):
+Words (see docs/architecture.md, request step 3):
 - statement: a producer's signed claim "after these tokens, under this identity, the
   state is these parts": the cut's identity, depth, alignment, chain digest,
   logits witnessed, engine layout, and per part (a PartClaim) its role, size and
@@ -10,7 +10,7 @@ Words (see DESIGN.md, flow step 2 "remote"):
 - generation: 64-bit, drawn from the producer's monotonic clock when the statement
   is issued (catalog.publish.next_generation). The importer keeps the newest it
   accepted per producer and identity and refuses an older or equal one, so a
-  recorded answer replayed later, or a stale one, is refused (DESIGN invariant 10).
+  recorded answer replayed later, or a stale one, is refused (docs/architecture.md, invariant 10).
 - body: sorted-key compact JSON; a body that does not re-encode to itself is
   refused. The signature slot (catalog/signing.py, EXPORT_DOMAIN) covers the body.
 """

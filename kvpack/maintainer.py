@@ -1,5 +1,5 @@
-"""The maintainer: the vault kept without being asked, in `kvpack serve` (DESIGN "Keeping
-the vault").
+"""The maintainer: the vault kept without being asked, in `kvpack serve` (docs/architecture.md
+and the README's "Operating a vault").
 
 On one background thread ("kvpack-maintainer"), every `gc_interval_s`:
 1. take the catalog lease "gc" (catalog/lease.py); if another instance of the fleet

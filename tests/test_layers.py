@@ -1,4 +1,4 @@
-"""The layers point one way (DESIGN "Layers"), read from the code's own imports.
+"""The layers point one way (docs/architecture.md, "Layers"), read from the code's own imports.
 
 Every import statement counts — at module level, inside functions and under
 TYPE_CHECKING alike — because each is a dependency someone reading the code must

@@ -1,6 +1,6 @@
 """Hit accounting: counters that prove what the vault served, in Prometheus text format.
 
-Words (see DESIGN.md):
+Words (see docs/architecture.md):
 - hit: authenticated state restored and committed into an engine slot (invariant 4),
   or built through the same gate into the mlx-lm caches the Python API hands out
   (kvpack/service/interop.py). Nothing else is a hit, so `Accounting.count_hit` takes

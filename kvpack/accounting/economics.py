@@ -1,6 +1,6 @@
 """Derived economics of restores: what a hit saved, and on what evidence (invariant 8).
 
-Words (see DESIGN.md):
+Words (see docs/architecture.md):
 - paired timing: one restore of a cut and the identical local prefill of the same cut,
   both timed in the same process (catalog.ledger.PairedTiming; kvpack/accounting/pairing.py
   makes them). Only paired timings yield speedup or seconds saved; nothing is

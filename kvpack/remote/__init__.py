@@ -1,4 +1,4 @@
-"""remote — vault to vault: peers, quarantine, import and export (DESIGN flow step 2).
+"""remote — vault to vault: peers, quarantine, import and export (docs/architecture.md: step 3).
 
 - peers.py: the vaults this one may import from (a transport, never an authority).
 - quarantine.py: where a peer's answer waits, sealed, while it is checked.

@@ -1,4 +1,5 @@
-"""The remote tier: a peer's cut, imported through quarantine (DESIGN flow step 2, inv. 9, 10).
+"""The remote tier: a peer's cut, imported through quarantine (docs/architecture.md: step 3,
+invariants 9 and 10).
 
 A transport response never becomes an authority.
 - find: ask each configured peer in order (skipping one in backoff) for its deepest cut

@@ -1,4 +1,4 @@
-"""Quarantine: where a peer's answer waits while it is checked (DESIGN flow step 2).
+"""Quarantine: where a peer's answer waits while it is checked (docs/architecture.md: step 3).
 
 - import: one answer from one peer: a catalog row (catalog/trust.py) and its bytes
   under the object-store prefix quarantine/<import id>/ (the statement, then the

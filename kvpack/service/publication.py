@@ -1,4 +1,5 @@
-"""Publication: the cuts a cold prefill crosses, kept for later requests (DESIGN flow 5).
+"""Publication: the cuts a cold prefill crosses, kept for later requests
+(docs/architecture.md: step 4).
 
 - resident: every aligned boundary the prefill crosses is held in the resident tier, as
   soon as it is encoded.

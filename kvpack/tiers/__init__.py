@@ -1,4 +1,4 @@
-"""tiers — the reuse ladder and the tiers it climbs (DESIGN flow step 2).
+"""tiers — the reuse ladder and the tiers it climbs (docs/architecture.md: step 3).
 
 - base.py: the one protocol every tier answers (find, load) and the words for it.
 - ladder.py: the loop over tiers: plan, load, install, fall through.

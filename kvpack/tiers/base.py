@@ -1,4 +1,4 @@
-"""One shape for every tier (DESIGN: "Tiers share one protocol").
+"""One shape for every tier (docs/architecture.md: step 3).
 
 Words:
 - ask: what a request asks every tier: the scope, the whole prompt and its token chain,

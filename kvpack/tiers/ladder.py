@@ -1,4 +1,4 @@
-"""The reuse ladder: where a request's prefix state comes from (DESIGN flow step 2).
+"""The reuse ladder: where a request's prefix state comes from (docs/architecture.md: step 3).
 
 Every tier answers the same two questions (kvpack/tiers/base.py). The ladder:
 1. session: a live slot of the tenant whose history is a prefix of the request

@@ -1,6 +1,6 @@
 """The resident tier: cuts held in this process, found by a per-scope token radix.
 
-Words (see DESIGN.md, and kvpack/tiers/radix.py for the two structures):
+Words (see docs/architecture.md, and kvpack/tiers/radix.py for the two structures):
 - resident cut: one cut (the state after exactly `depth` tokens) kept in the form the
   engine installs from: a Snapshot of verified, evaluated MLX arrays, each part interned
   by its part digest. A hit is `Slot.restore(snapshot)` — the gate and the shadow build

@@ -1,4 +1,4 @@
-"""The session tier: a tenant's live slots (DESIGN flow step 2, first rung).
+"""The session tier: a tenant's live slots (docs/architecture.md: step 3, first rung).
 
 - tenant: one namespace's pool of engine slots over the shared weights. Its identity is
   the model's identity salted with the namespace, so every lookup it makes is scoped to

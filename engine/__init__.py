@@ -8,6 +8,9 @@ the engine's own: the plane format and one module per cache kind.
 """
 
 from engine import blas as _blas
+from engine import memory as _memory
 
 # Must run before mlx.core is first imported (see engine/blas.py); a no-op afterwards.
 _blas.enable()
+# Before threads get malloc arenas of their own (see engine/memory.py).
+_memory.keep_freed()

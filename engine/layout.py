@@ -56,6 +56,16 @@ class KVLayout:
     def as_dict(self) -> dict[str, Any]:
         return {"dtype": self.dtype, "layers": [asdict(layer) for layer in self.layers]}
 
+    def cache_bytes(self, tokens: int) -> int:
+        """What one slot's caches hold at `tokens` positions: K and V of every layer, a
+        sliding layer's at most its window."""
+        itemsize = getattr(mx, self.dtype).size
+        return sum(
+            2 * layer.kv_heads * layer.head_dim * itemsize
+            * (min(tokens, layer.window) if layer.sliding and layer.window else tokens)
+            for layer in self.layers
+        )  # fmt: skip
+
 
 def dtype_name(dtype: mx.Dtype) -> str:
     return str(dtype).removeprefix("mlx.core.")

@@ -266,9 +266,11 @@ def _cancelled(cancel: Cancel) -> bool:
 
 
 class Decoding:
-    """One generation on a slot, a token at a time (Slot.decoding). `step()` draws one
-    token, feeds it unless it is a stop token, and returns it (None once done);
-    `generation` is what it produced so far and how it finished."""
+    """One generation on a slot, a token at a time (Slot.decoding). `draw()` samples the
+    next token from the witnessed logits and returns it (None once done); `feed()` then
+    runs it through the model, so the history holds it and the logits stay witnessed.
+    A caller that streams draws, sends the token, then feeds: the token leaves before
+    its forward, and a hit's first token costs no forward at all. `step()` is both."""
 
     def __init__(
         self, slot: Slot, sampler: Sampler, *, max_tokens: int, stops: frozenset[int]
@@ -277,8 +279,12 @@ class Decoding:
         self.max_tokens, self.stops = max_tokens, stops
         self.generation = Generation()
         self.done = max_tokens == 0
+        self._unfed: int | None = None  # drawn, not fed yet
 
-    def step(self) -> Drawn | None:
+    def draw(self) -> Drawn | None:
+        """The next token (fed first, should the last draw not have been); None when the
+        generation is over: at max_tokens, cancelled, or on a stop token (never fed)."""
+        self.feed()
         if self.done:
             return None
         slot, out = self.slot, self.generation
@@ -292,11 +298,25 @@ class Decoding:
                 return None
             out.tokens.append(drawn.token)
             slot._state.cold = False
-            slot._forward([drawn.token])
+        self._unfed = drawn.token
         self.done = len(out.tokens) >= self.max_tokens  # finish_reason stays "length"
         return drawn
 
+    def feed(self) -> None:
+        """Run the drawn token through the model (nothing when it is fed already)."""
+        token, self._unfed = self._unfed, None
+        if token is not None:
+            with self.slot.lock:
+                self.slot._forward([token])
+
+    def step(self) -> Drawn | None:
+        drawn = self.draw()
+        self.feed()
+        return drawn
+
     def cancel(self) -> None:
+        """End the generation; a drawn token not fed stays out of the history."""
+        self._unfed = None
         if not self.done:
             self.generation.finish_reason = "cancelled"
             self.done = True

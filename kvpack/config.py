@@ -33,6 +33,9 @@ names come after kvpack's own), its parser and its default.
     mlx_cache_limit   KVPACK_MLX_CACHE_LIMIT  freed memory MLX keeps for reuse ("2GiB";
                                             unset: MLX's own default). Restores reuse it
                                             instead of faulting in fresh zeroed pages.
+    restore_reserve   KVPACK_RESTORE_RESERVE  memory mapped at start for the first restore
+                                            (unset: one slot at the model's full context,
+                                            at most 2GiB; "0": none; engine/memory.py)
     publish           KVPACK_PUBLISH        whether cold prefills publish their cuts (true;
                                             false: an A/B control, a read-only replica)
     publish_max_defer_s KVPACK_PUBLISH_MAX_DEFER  the longest a durable cut waits for its
@@ -113,6 +116,7 @@ class Settings:
     verify_interval_s: float = 0.0
     s3_secret_key_file: Path | None = None
     mlx_cache_limit: int | None = None
+    restore_reserve: int | None = None
     publish: bool = True
     publish_max_defer_s: float = DEFAULT_PUBLISH_MAX_DEFER_S
 
@@ -354,6 +358,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("verify_interval_s", ("KVPACK_VERIFY_INTERVAL",), _duration, lambda v: 0.0),
     Setting("s3_secret_key_file", ("KVPACK_S3_SECRET_KEY_FILE",), _path, lambda v: None),
     Setting("mlx_cache_limit", ("KVPACK_MLX_CACHE_LIMIT",), _size, lambda v: None),
+    Setting("restore_reserve", ("KVPACK_RESTORE_RESERVE",), _size, lambda v: None),
     Setting("publish", ("KVPACK_PUBLISH",), _bool, lambda v: True),
     Setting(
         "publish_max_defer_s",

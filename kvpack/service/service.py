@@ -68,6 +68,7 @@ from kvpack.tiers.session import Tenant
 from kvpack.vault import DEFAULT_TIMEOUT_S, Vault
 
 Step = Literal["lookup", "prefill", "decode"]
+RESERVE_CAP = 2 << 30  # the default restore reserve's ceiling (a big model's full context)
 PAIRING = (
     "a local prefill from depth 0 pairs once with the first later hit on the same cut "
     "(same identity, same tokens) in the same process"
@@ -132,17 +133,25 @@ class Service:
         close_vault: bool = False,
         publish: bool = True,
         publish_max_defer_s: float = DEFAULT_MAX_DEFER_S,
+        restore_reserve: int | None = None,
     ) -> None:
         """`close_vault`: close() closes the vault too (Service.open sets it for a vault it
         opened itself; a vault several services share is closed by whoever opened it).
         `publish`: whether cold prefills publish their cuts; `publish_max_defer_s`: the
-        longest a durable cut waits for its request to be served."""
+        longest a durable cut waits for its request to be served; `restore_reserve`: the
+        bytes the warm start maps for the first restore (None: one slot at the model's
+        full context, at most RESERVE_CAP; engine/memory.py)."""
         if durable_every < 1 or durable_every % loaded.alignment:
             raise InvalidRequest(
                 "durable_every", f"must be a positive multiple of {loaded.alignment}"
             )
         self.loaded = loaded
         self.num_slots = num_slots
+        self.restore_reserve = (
+            min(loaded.layout.cache_bytes(loaded.context_length), RESERVE_CAP)
+            if restore_reserve is None
+            else restore_reserve
+        )
         self.vault = vault
         self.resident = resident if resident is not None else ResidentTier()
         self.accounting = Accounting(per_namespace=True)  # counters per tenant
@@ -220,6 +229,7 @@ class Service:
                 close_vault=own,
                 publish=settings.publish,
                 publish_max_defer_s=settings.publish_max_defer_s,
+                restore_reserve=settings.restore_reserve,
             )
             peers = load_peers(settings.peers_path)
         except BaseException:
@@ -342,7 +352,7 @@ class Service:
             if text.stopped or cancelled():
                 decoding.cancel()
                 break
-            drawn = decoding.step()
+            drawn = decoding.draw()  # fed once sent: a first token waits for no forward
             if drawn is not None:
                 if first_token:  # time to first token, for the dashboards and the status page
                     first_token = False
@@ -357,6 +367,7 @@ class Service:
                 if delta and on_text is not None:
                     on_text(delta)
             yield "decode"
+            decoding.feed()
         rest = text.finish()
         if rest and on_text is not None:
             on_text(rest)

@@ -1,6 +1,8 @@
 """Warm start: what the first request after a restart would otherwise pay, paid before
 the server reports ready.
 
+- memory: the service's restore reserve mapped and freed (engine/memory.py), so that the
+  first restore's buffers are pages the process holds, not pages to fault in.
 - store: one stat and one get of a key that is never written (Vault.check_store, then a
   get answered "missing"): the S3 client is created on the vault's loop (credentials,
   endpoint rules, the service model: a few hundred milliseconds), the operation a restore
@@ -29,6 +31,7 @@ from typing import Any
 from cas.errors import ObjectMissing
 from catalog.scope import Scope
 from engine import format as planes_format
+from engine import memory
 from engine.intake import Intake
 from engine.slots import Slot
 from engine.state import Planes
@@ -46,6 +49,7 @@ def warm(service: Service) -> dict[str, float]:
     tokens = [(7919 * i + 1) % vocab for i in range(WARM_TOKENS)]
     vault, scope = service.vault, tenant.scope
     phases: dict[str, Callable[[], object]] = {
+        "memory": lambda: memory.reserve(service.restore_reserve) if memory.kept() else None,
         "store": lambda: _store(vault),
         "catalog": lambda: _catalog(vault, scope, tokens),
         "engine": lambda: _engine(service, tenant.pool.slot(0), tokens),

@@ -241,3 +241,33 @@ def test_step_wise_prefill_and_decoding_interleave_two_slots_bit_identically():
     together = [(d.generation.tokens, logits_bytes(s)) for d, s in pairs]
     assert together == alone
     assert all(d.generation.finish_reason == "length" and d.step() is None for d in decodings)
+
+
+def test_draw_leaves_its_token_unfed_until_feed():
+    """Decoding.draw: the token comes back before the model sees it (the slot's depth and
+    logits are the prompt's), feed() then runs it; draw + feed decodes what generate does,
+    and a cancel after a draw keeps the unfed token out of the history."""
+    tokens = prompt(70)
+    want = cold(tiny_pool(1), tokens)
+    expected = want.generate(max_tokens=4).tokens
+    slot = cold(tiny_pool(1), tokens)
+    rec = RecordingModel(slot.pool.model)
+    slot.pool.model = rec
+    decoding = slot.decoding(max_tokens=4)
+    before = logits_bytes(slot)
+    drawn = decoding.draw()
+    assert drawn is not None and drawn.token == expected[0]
+    assert (slot.depth, rec.calls, logits_bytes(slot)) == (70, [], before)
+    decoding.feed()
+    decoding.feed()  # nothing left to feed: no second forward
+    assert (slot.depth, rec.calls) == (71, [1])
+    while not decoding.done:
+        decoding.draw()
+        decoding.feed()
+    assert decoding.generation.tokens == expected and slot.depth == 74
+    assert logits_bytes(slot) == logits_bytes(want)
+    cancelled = cold(tiny_pool(1), tokens).decoding(max_tokens=4)
+    cancelled.draw()
+    cancelled.cancel()
+    assert cancelled.slot.depth == 70 and cancelled.generation.finish_reason == "cancelled"
+    assert cancelled.draw() is None and cancelled.slot.depth == 70

@@ -23,7 +23,7 @@ def test_warm_opens_the_store_and_catalog_and_leaves_no_trace(shared_settings, o
     vault = service.vault
     with caplog.at_level(logging.WARNING, logger="kvpack.service.warm"):
         seconds = warm(service)
-    assert set(seconds) == {"store", "catalog", "engine"} and not caplog.records
+    assert set(seconds) == {"memory", "store", "catalog", "engine"} and not caplog.records
     if hasattr(vault.objects, "breaker"):  # S3: the client exists on the vault's loop
         assert vault.objects._conn is not None and vault.objects._conn.loop is vault.io.loop
     assert vault.db.pool.checkedin() >= 1
@@ -59,6 +59,17 @@ def test_warm_with_the_store_unreachable_logs_and_goes_on(tmp_path, open_service
     service = open_service(settings)
     with caplog.at_level(logging.WARNING, logger="kvpack.service.warm"):
         seconds = warm(service)
-    assert set(seconds) == {"store", "catalog", "engine"}
+    assert set(seconds) == {"memory", "store", "catalog", "engine"}
     skipped = [r.getMessage() for r in caplog.records if r.name == "kvpack.service.warm"]
     assert len(skipped) == 1 and skipped[0].startswith("warm start: store skipped")
+
+
+def test_the_restore_reserve_is_one_full_context_slot_unless_set(tmp_path, open_service):
+    """Service.restore_reserve (what the memory phase maps): by default one slot's caches
+    at the model's full context; the restore_reserve setting replaces it ("0": none)."""
+    default = open_service(Settings.load(data_dir=tmp_path / "a", alignment=TINY_A, env={}))
+    loaded = default.loaded
+    assert default.restore_reserve == loaded.layout.cache_bytes(loaded.context_length) > 0
+    env = {"KVPACK_RESTORE_RESERVE": "0"}
+    none = open_service(Settings.load(data_dir=tmp_path / "b", alignment=TINY_A, env=env))
+    assert none.restore_reserve == 0

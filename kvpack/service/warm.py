@@ -14,6 +14,11 @@ the server reports ready.
   resident hit installs; the planes through an intake, as a durable hit reads), and one
   decoded token; then the slot is reset. The code a durable restore and a first
   step run has run once, with nothing left behind: no cut is published, no counter moves.
+- objects: a full garbage collection, then every object left (the model's modules, the
+  tokenizer's tables: they live as long as the process) frozen out of later ones
+  (gc.freeze). Otherwise the first full collection after the start walks them all on
+  whichever request it lands on: 0.11 s measured here, inside a 2,048-token durable
+  restore that then took 0.17 s instead of 0.06 s.
 
 A dependency that does not answer is logged and skipped: readiness (/readyz) reports it,
 and the server still starts (invariant 9: an outage slows a request, it does not fail it).
@@ -23,6 +28,7 @@ Each phase's seconds are returned for the startup log.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -53,6 +59,7 @@ def warm(service: Service) -> dict[str, float]:
         "store": lambda: _store(vault),
         "catalog": lambda: _catalog(vault, scope, tokens),
         "engine": lambda: _engine(service, tenant.pool.slot(0), tokens),
+        "objects": _freeze,
     }
     seconds: dict[str, float] = {}
     for name, phase in phases.items():
@@ -63,6 +70,11 @@ def warm(service: Service) -> dict[str, float]:
             log.warning("warm start: %s skipped: %s: %s", name, type(e).__name__, e)
         seconds[name] = time.perf_counter() - t
     return seconds
+
+
+def _freeze() -> None:
+    gc.collect()
+    gc.freeze()
 
 
 def _store(vault: Vault) -> None:

@@ -90,10 +90,12 @@ class Ladder:
             return Installed(slot, "session", slot.depth)
         slot = tenant.lru_slot()
         tenant.touch(slot)
+        # Nothing the slot holds serves this request (the session rung found nothing), and
+        # every outcome replaces it: emptied first, its memory serves the restore's shadow.
+        slot.reset()
         ask = Ask.of(tenant.scope, tokens)
         found = self.restore(ask, lambda cut: slot.restore(cut, prompt=ask.tokens))
         if found is None:
-            slot.reset()
             return Installed(slot, "none", 0)
         _, receipt = found
         restored = receipt.manifest_bytes or receipt.estimated_bytes or 0

@@ -302,3 +302,20 @@ def test_a_session_that_decoded_publishes_no_cut_of_its_decoded_state(settings, 
     assert cut is not None and cut.depth == (len(P) // TINY_A) * TINY_A
     durable = deepest_cut(svc, extended)
     assert durable is not None and durable.depth <= len(P)
+
+
+def test_a_drawn_token_is_sent_before_the_model_runs_it(settings, open_service):
+    """Each token reaches on_token while the slot still holds only what came before it:
+    on an exact hit the first token needs no forward at all. The answer is unchanged."""
+    svc = open_service(settings)
+    cold = ask(svc, P)
+    assert svc.flush(30)
+    slot = svc.tenant("default").pool.slot(0)
+    depths: list[int] = []
+    warm = svc.complete(
+        CompletionRequest(tokens=P, max_tokens=MAX),
+        on_token=lambda drawn: depths.append(slot.depth),
+    )
+    assert warm.tier == "resident" and warm.tokens == cold.tokens
+    assert depths == [len(P) + i for i in range(len(warm.tokens))]
+    assert slot.depth == len(P) + len(warm.tokens)  # every token fed by the end

@@ -78,12 +78,14 @@ class FakeSlot:
     def __init__(self) -> None:
         self.installed: list[str] = []
         self.resets = 0
+        self.resets_at_restore: list[int] = []
 
     @property
     def depth(self) -> int:
         return len(self.tokens)
 
     def restore(self, cut: str, *, prompt) -> None:
+        self.resets_at_restore.append(self.resets)
         if cut.endswith("!"):
             raise RestoreRefused("shape gate")
         self.installed.append(cut)
@@ -262,3 +264,16 @@ def test_only_a_committed_restore_counts_and_bills_its_tier(rig):
     rig.resident.cuts = {8: OK}
     rig.serve()
     assert rig.count("kvpack_resident_bytes_served_estimate_total") == 8
+
+
+def test_the_slot_is_emptied_before_a_restore_and_once_in_all(rig):
+    """The slot a restore goes into holds nothing this request uses (no session matched)
+    and every outcome replaces it, so it is reset before the first install — its memory
+    then serves the shadow — and not again, on a hit after a refusal or on a miss."""
+    rig.durable.cuts, rig.resident.cuts = {8: OK}, {8: REFUSED_BY_ENGINE}
+    installed, slot = rig.serve()
+    assert installed.tier == "durable" and slot.resets_at_restore == [1, 1]
+    assert slot.resets == 1
+    rig.durable.cuts, rig.resident.cuts = {}, {}
+    installed, slot = rig.serve()
+    assert installed.tier == "none" and slot.resets == 1 and slot.resets_at_restore == []

@@ -34,8 +34,9 @@ names come after kvpack's own), its parser and its default.
                                             unset: MLX's own default). Restores reuse it
                                             instead of faulting in fresh zeroed pages.
     restore_reserve   KVPACK_RESTORE_RESERVE  memory mapped at start for the first restore
-                                            (unset: one slot at the model's full context,
-                                            at most 2GiB; "0": none; engine/memory.py)
+                                            (unset: one slot at the model's full context
+                                            and the reader's scratch, at most 2GiB; "0":
+                                            none; engine/memory.py)
     publish           KVPACK_PUBLISH        whether cold prefills publish their cuts (true;
                                             false: an A/B control, a read-only replica)
     publish_max_defer_s KVPACK_PUBLISH_MAX_DEFER  the longest a durable cut waits for its

@@ -38,6 +38,7 @@ from typing import Any, Literal
 import mlx.core as mx
 from sqlalchemy.exc import SQLAlchemyError
 
+from cas.chunks import DEFAULT_CONCURRENCY
 from catalog.chain import TokenChain
 from engine.errors import InvalidRequest
 from engine.models import LoadedModel, load_model
@@ -120,6 +121,14 @@ def _published(
         pub.served()
 
 
+def default_reserve(loaded: LoadedModel) -> int:
+    """One slot's caches at the model's full context, and the durable reader's scratch
+    buffers (a block per chunk in flight), at most RESERVE_CAP."""
+    layout = loaded.layout
+    scratch = DEFAULT_CONCURRENCY * layout.cache_bytes(loaded.alignment)
+    return min(layout.cache_bytes(loaded.context_length) + scratch, RESERVE_CAP)
+
+
 class Service:
     def __init__(
         self,
@@ -139,8 +148,8 @@ class Service:
         opened itself; a vault several services share is closed by whoever opened it).
         `publish`: whether cold prefills publish their cuts; `publish_max_defer_s`: the
         longest a durable cut waits for its request to be served; `restore_reserve`: the
-        bytes the warm start maps for the first restore (None: one slot at the model's
-        full context, at most RESERVE_CAP; engine/memory.py)."""
+        bytes the warm start maps for the first restore (None: `default_reserve`;
+        engine/memory.py)."""
         if durable_every < 1 or durable_every % loaded.alignment:
             raise InvalidRequest(
                 "durable_every", f"must be a positive multiple of {loaded.alignment}"
@@ -148,9 +157,7 @@ class Service:
         self.loaded = loaded
         self.num_slots = num_slots
         self.restore_reserve = (
-            min(loaded.layout.cache_bytes(loaded.context_length), RESERVE_CAP)
-            if restore_reserve is None
-            else restore_reserve
+            default_reserve(loaded) if restore_reserve is None else restore_reserve
         )
         self.vault = vault
         self.resident = resident if resident is not None else ResidentTier()

@@ -10,6 +10,7 @@ import logging
 
 import pytest
 
+from cas.chunks import DEFAULT_CONCURRENCY
 from kvpack.config import Settings
 from kvpack.service.service import CompletionRequest
 from kvpack.service.warm import warm
@@ -80,10 +81,13 @@ def test_warm_with_the_store_unreachable_logs_and_goes_on(tmp_path, open_service
 
 def test_the_restore_reserve_is_one_full_context_slot_unless_set(tmp_path, open_service):
     """Service.restore_reserve (what the memory phase maps): by default one slot's caches
-    at the model's full context; the restore_reserve setting replaces it ("0": none)."""
+    at the model's full context and the durable reader's scratch buffers; the
+    restore_reserve setting replaces it ("0": none)."""
     default = open_service(Settings.load(data_dir=tmp_path / "a", alignment=TINY_A, env={}))
     loaded = default.loaded
-    assert default.restore_reserve == loaded.layout.cache_bytes(loaded.context_length) > 0
+    block = loaded.layout.cache_bytes(loaded.alignment)  # a scratch buffer per chunk in flight
+    full = loaded.layout.cache_bytes(loaded.context_length)
+    assert default.restore_reserve == full + DEFAULT_CONCURRENCY * block > full > 0
     env = {"KVPACK_RESTORE_RESERVE": "0"}
     none = open_service(Settings.load(data_dir=tmp_path / "b", alignment=TINY_A, env=env))
     assert none.restore_reserve == 0

@@ -3,9 +3,10 @@
 With no flags it runs the embedded default (SQLite and a local directory under the
 data dir, the demo model). Storage comes from flags, else KVPACK_* environment
 variables (AWS_* for S3), else the TOML file named by --config / KVPACK_CONFIG (see
-kvpack/config.py). Before it listens it warms up (kvpack/service/warm.py: the S3 client
-and a connection, a pooled catalog connection, one short prefill, restore and decoded
-token), so the first request after a restart costs what the next ones do. When it
+kvpack/config.py). Before it listens it warms up (kvpack/service/warm.py: the restore
+reserve mapped, the S3 client and a connection, a pooled catalog connection, one short
+prefill, restore and decoded token, startup's objects frozen out of the garbage
+collector), so the first request after a restart costs what the next ones do. When it
 listens it prints one line starting with kvpack.server.app.READY, which `kvpack bench`
 waits for; /readyz answers only from then on.
 

@@ -217,6 +217,12 @@ class Vault:
         chunks = self.chunks(scope.namespace)
         return self.run(open_cut(chunks, self.keyring, cut, scope.identity))
 
+    def warm_reads(self, namespace: str, size: int) -> None:
+        """Set up the namespace's chunk reads ahead, for chunks of up to `size` bytes (cas
+        ChunkStore.warm: scratch buffers, worker threads, store connections)."""
+        chunks = self.chunks(namespace)
+        self.run(chunks.warm(size, probe_key=READY_PROBE_KEY), READY_PROBE_TIMEOUT_S)
+
     def load_into(
         self, manifest: Manifest, scope: Scope, into: Sequence[Sequence[memoryview]]
     ) -> None:

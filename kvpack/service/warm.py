@@ -3,10 +3,13 @@ the server reports ready.
 
 - memory: the service's restore reserve mapped and freed (engine/memory.py), so that the
   first restore's buffers are pages the process holds, not pages to fault in.
-- store: one stat and one get of a key that is never written (Vault.check_store, then a
-  get answered "missing"): the S3 client is created on the vault's loop (credentials,
-  endpoint rules, the service model: a few hundred milliseconds), the operation a restore
-  reads with has run once, and the connection pool holds an open connection.
+- store: one stat of a key that is never written (Vault.check_store): the S3 client is
+  created on the vault's loop (credentials, endpoint rules, the service model: a few
+  hundred milliseconds). Then the durable reader's setup (Vault.warm_reads, cas
+  ChunkStore.warm): a scratch buffer of a block's size for each chunk in flight, the
+  worker threads that open chunks, and as many gets of that key, each answered
+  "missing", so the operation a restore reads with has run and the connection pool
+  holds a connection per chunk in flight.
 - catalog: one trivial query and one find_deepest through the vault's Reader: a pooled
   connection, and the lookup's statement path taken once.
 - engine: on the default tenant's first slot, a short prefill, the export of that cut
@@ -27,14 +30,12 @@ Each phase's seconds are returned for the startup log.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cas.errors import ObjectMissing
 from catalog.scope import Scope
 from engine import format as planes_format
 from engine import memory
@@ -42,9 +43,10 @@ from engine.intake import Intake
 from engine.slots import Slot
 from engine.state import Planes
 from kvpack.service.service import Service
-from kvpack.vault import READY_PROBE_KEY, READY_PROBE_TIMEOUT_S, Vault
+from kvpack.vault import Vault
 
 log = logging.getLogger(__name__)
+FRAME_ROOM = 64 << 10  # a frame's head and digest: a few hundred bytes on the demo model
 WARM_TOKENS = 8  # a short prefill: the first forward's setup, not a real prompt's cost
 
 
@@ -56,7 +58,7 @@ def warm(service: Service) -> dict[str, float]:
     vault, scope = service.vault, tenant.scope
     phases: dict[str, Callable[[], object]] = {
         "memory": lambda: memory.reserve(service.restore_reserve) if memory.kept() else None,
-        "store": lambda: _store(vault),
+        "store": lambda: _store(vault, scope.namespace, _block_bytes(service)),
         "catalog": lambda: _catalog(vault, scope, tokens),
         "engine": lambda: _engine(service, tenant.pool.slot(0), tokens),
         "objects": _freeze,
@@ -77,10 +79,15 @@ def _freeze() -> None:
     gc.freeze()
 
 
-def _store(vault: Vault) -> None:
+def _store(vault: Vault, namespace: str, block_bytes: int) -> None:
     _answered(vault.check_store)
-    with contextlib.suppress(ObjectMissing):  # the answer expected
-        vault.run(vault.objects.get(READY_PROBE_KEY), READY_PROBE_TIMEOUT_S)
+    vault.warm_reads(namespace, block_bytes)
+
+
+def _block_bytes(service: Service) -> int:
+    """A full block's part: its caches' bytes and room for its frame's head and digest."""
+    loaded = service.loaded
+    return loaded.layout.cache_bytes(loaded.alignment) + FRAME_ROOM
 
 
 def _catalog(vault: Vault, scope: Scope, tokens: list[int]) -> None:

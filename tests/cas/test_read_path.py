@@ -13,6 +13,7 @@ import pytest
 from cas.buffers import HUGE_PAGE, ScratchPool, fresh_buffer
 from cas.chunks import ChunkStore
 from cas.errors import ChunkMissing, ObjectMissing
+from cas.seal import max_sealed_size
 from tests.cas.faults import Wrapper
 
 
@@ -107,6 +108,52 @@ def test_failed_call_returns_only_after_every_open_has_ended(object_store, keyri
         return events
 
     assert aio.run(scenario()) == ["still running", "A written", "raised"]
+
+
+class _Recorded(Wrapper):
+    """Records the keys read and the greatest number of reads in flight at once."""
+
+    def __init__(self, inner) -> None:
+        super().__init__(inner)
+        self.keys: list[str] = []
+        self.flying = self.most = 0
+
+    async def get_into(self, key: str, out: memoryview) -> int:
+        self.keys.append(key)
+        self.flying += 1
+        self.most = max(self.most, self.flying)
+        try:
+            await asyncio.sleep(0.01)  # the others start meanwhile
+            return await self.inner.get_into(key, out)
+        finally:
+            self.flying -= 1
+
+
+def test_warm_sets_up_a_read_per_chunk_in_flight_and_writes_nothing(object_store, keyring, aio,
+                                                                    monkeypatch):  # fmt: skip
+    """warm(size): the probe key is read once per chunk in flight, all at once (a
+    connection each), the pool then holds that many scratch buffers for chunks of `size`
+    bytes, the next read of such a chunk takes one of them, and no object was written."""
+    recorded = _Recorded(object_store)
+    store = ChunkStore(recorded, keyring, namespace="test", max_concurrency=3)
+    aio.run(store.warm(50_000, probe_key="ready/probe"))
+    assert recorded.keys == ["ready/probe"] * 3 and recorded.most == 3
+    assert store.scratch.held_bytes == 3 * max_sealed_size(50_000)
+    assert aio.run(object_store.list_keys("")) == []
+    warmed = {id(b) for b in store.scratch._free}
+    ref = aio.run(store.put(os.urandom(50_000)))
+    lent: list[int] = []
+    lend = store.scratch.lend
+
+    @contextmanager
+    def recording(size):
+        with lend(size) as view:
+            lent.append(id(view.obj))
+            yield view
+
+    monkeypatch.setattr(store.scratch, "lend", recording)
+    aio.run(store.get(ref))
+    assert len(lent) == 1 and lent[0] in warmed
 
 
 def test_scratch_pool_lends_and_keeps():

@@ -28,9 +28,10 @@ def _unfreeze():
 
 def test_warm_opens_the_store_and_catalog_and_leaves_no_trace(shared_settings, open_service,
                                                               caplog):  # fmt: skip
-    """Branches: each dependency answered (no warning); the store's client and a pooled
-    catalog connection are there before any request; the objects left are frozen out of
-    the garbage collector's later passes; nothing was published or counted."""
+    """Branches: each dependency answered (no warning); the store's client, the durable
+    reader's scratch buffers and a pooled catalog connection are there before any
+    request; the objects left are frozen out of the garbage collector's later passes;
+    nothing was published or counted."""
     service = open_service(shared_settings)
     vault = service.vault
     with caplog.at_level(logging.WARNING, logger="kvpack.service.warm"):
@@ -43,6 +44,9 @@ def test_warm_opens_the_store_and_catalog_and_leaves_no_trace(shared_settings, o
         assert vault.objects._conn is not None and vault.objects._conn.loop is vault.io.loop
     assert vault.db.pool.checkedin() >= 1
     tenant = service.tenant(service.loaded.identity.namespace)
+    block = service.loaded.layout.cache_bytes(service.loaded.alignment)
+    scratch = vault.chunks(tenant.scope.namespace).scratch  # a block per chunk in flight
+    assert scratch.held_bytes >= DEFAULT_CONCURRENCY * block > 0
     assert all(slot.depth == 0 for slot in tenant.pool.slots)
     assert service.flush(30) and service.background.stats()["done"] == 0
     assert len(service.resident) == 0 and vault.stats().total.cuts == 0

@@ -25,6 +25,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import engine  # noqa: F401 - first: it loads the fast BLAS before mlx.core
+
+# isort: split
 import mlx.core as mx
 
 from engine.format import encode

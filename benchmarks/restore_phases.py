@@ -18,6 +18,9 @@ import statistics
 import tempfile
 import time
 
+import engine  # noqa: F401 - first: it loads the fast BLAS before mlx.core
+
+# isort: split
 import mlx.core as mx
 from read_path import options, publish_prompt, vault_settings  # beside this file
 

@@ -148,21 +148,30 @@ class ChunkStore:
         await self.get_into(refs, areas)
         return out
 
-    async def get_into(self, refs: Sequence[ChunkRef], outs: Sequence[Destination]) -> None:
+    async def get_into(
+        self,
+        refs: Sequence[ChunkRef],
+        outs: Sequence[Destination] | Awaitable[Sequence[Destination]],
+    ) -> None:
         """Every chunk verified and decrypted straight into its destination `outs[i]`: a
         writable buffer of exactly refs[i].size bytes, or segments — writable buffers whose
         sizes add up to it, filled in order (the chunk's pieces land where each belongs).
-        On an error the destinations hold garbage and must not be used."""
-        if len(refs) != len(outs):
-            raise ValueError(f"{len(refs)} refs for {len(outs)} destinations")
-        areas = [_destination(ref, out) for ref, out in zip(refs, outs, strict=True)]
-        jobs = [
-            lambda ref=ref, area=area: self._fetch_into(ref, area)
-            for ref, area in zip(refs, areas, strict=True)
-        ]
-        await self._bounded(jobs)
+        `outs` may also be an awaitable of them, for destinations still being made: the
+        chunks are fetched meanwhile and opened once it has them (the fetch overlaps the
+        making). On an error the destinations hold garbage and must not be used."""
+        if isinstance(outs, Sequence):
+            areas: asyncio.Future[list[memoryview | list[memoryview]]] = _done(_areas(refs, outs))
+        else:
+            areas = asyncio.ensure_future(_arrived(refs, outs))
+        jobs = [lambda ref=ref, i=i: self._fetch_into(ref, areas, i) for i, ref in enumerate(refs)]
+        try:
+            await self._bounded(jobs)
+        finally:
+            areas.cancel()  # the caller's destinations, if still being made, are not used
 
-    async def _fetch_into(self, ref: ChunkRef, area: memoryview | list[memoryview]) -> None:
+    async def _fetch_into(
+        self, ref: ChunkRef, areas: asyncio.Future[list[memoryview | list[memoryview]]], i: int
+    ) -> None:
         with self.scratch.lend(max_sealed_size(ref.size)) as scratch:
             try:
                 n = await self.objects.get_into(self.key(ref.id), scratch)
@@ -171,6 +180,7 @@ class ChunkStore:
             except ObjectTooLarge as e:
                 reason = f"object has {e.size} bytes, too many for its size"
                 raise ChunkCorrupt(ref.id, reason) from e
+            area = (await asyncio.shield(areas))[i]
             await _finished(self._open, ref, scratch[:n], area)
 
     def _open(self, ref: ChunkRef, sealed: memoryview, area: memoryview | list[memoryview]) -> None:
@@ -210,6 +220,26 @@ class ChunkStore:
 
     async def _bounded(self, jobs: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
         return await bounded(jobs, self.max_concurrency)
+
+
+def _areas(
+    refs: Sequence[ChunkRef], outs: Sequence[Destination]
+) -> list[memoryview | list[memoryview]]:
+    if len(refs) != len(outs):
+        raise ValueError(f"{len(refs)} refs for {len(outs)} destinations")
+    return [_destination(ref, out) for ref, out in zip(refs, outs, strict=True)]
+
+
+async def _arrived(
+    refs: Sequence[ChunkRef], outs: Awaitable[Sequence[Destination]]
+) -> list[memoryview | list[memoryview]]:
+    return _areas(refs, await outs)
+
+
+def _done(value: T) -> asyncio.Future[T]:
+    future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+    future.set_result(value)
+    return future
 
 
 def _destination(ref: ChunkRef, out: Destination) -> memoryview | list[memoryview]:

@@ -45,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -255,19 +255,25 @@ async def load_cut(
 
 
 async def load_parts(
-    *, chunks: ChunkStore, manifest: Manifest, into: Sequence[Destination] | None = None
+    *,
+    chunks: ChunkStore,
+    manifest: Manifest,
+    into: Sequence[Destination] | Awaitable[Sequence[Destination]] | None = None,
 ) -> list[tuple[str, Destination]]:
     """(role, bytes) of every part of a verified manifest, in its order, each chunk
     verified. `into`: each part's destination, which its chunk is decrypted straight into
     — a writable buffer of exactly its size (the engine's part buffers), or segments
-    filled in order (an engine intake's, which are the slot's own cache memory); allocate
-    MLX destinations on the thread that runs MLX. Without it the parts are views of one
-    buffer."""
+    filled in order (an engine intake's, which are the slot's own cache memory) — or an
+    awaitable of them, while they are still being made (the chunks are fetched
+    meanwhile); allocate MLX destinations on the thread that runs MLX. Without it the
+    parts are views of one buffer."""
     if into is None:
         return list(await _in_one_buffer(chunks, manifest))
     refs = [ChunkRef(p.chunk_id, p.size) for p in manifest.parts]
-    await chunks.get_into(refs, into)
-    return [(p.role, area) for p, area in zip(manifest.parts, into, strict=True)]
+    arrived = into if isinstance(into, Sequence) else asyncio.ensure_future(into)
+    await chunks.get_into(refs, arrived)
+    outs = arrived if isinstance(arrived, Sequence) else arrived.result()
+    return [(p.role, area) for p, area in zip(manifest.parts, outs, strict=True)]
 
 
 async def _in_one_buffer(chunks: ChunkStore, manifest: Manifest) -> list[tuple[str, memoryview]]:

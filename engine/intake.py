@@ -17,15 +17,17 @@
   which reads every part straight into `intake.destinations(...)`, verified, or raises.
   `Slot.restore(source)` and engine.interop.to_mlx_lm make the intake on their own
   thread, let the source fill it, then restore it; a source that raises leaves the slot
-  as it was.
+  as it was. The intake allocates its buffers at the first `destinations` call, which a
+  source makes on the calling thread once its fetch is under way: the allocation
+  overlaps the fetch (kvpack/vault.py load_into).
 
-Flow: `intake = slot.intake(layout)` on the thread that runs MLX (it allocates); a reader
-fills `intake.destinations(parts)` from any thread (cas ChunkStore.get_into with
-segments); then `slot.restore(intake, prompt=...)` checks every head and swaps the shadow
-in, once. Nothing is decoded, joined or copied after the decryption: copies per byte from
-the store to the slot are 2 on a local directory (the kernel's read into cas's scratch
-buffer, the decryption into the slot's cache), 3 on S3 (socket to aiohttp, aiohttp to
-scratch, decryption).
+Flow: `intake = slot.intake(layout)` on the thread that runs MLX (it gates the layout);
+`intake.destinations(parts)` on that thread too (it allocates); a reader fills them from
+any thread (cas ChunkStore.get_into with segments); then `slot.restore(intake,
+prompt=...)` checks every head and swaps the shadow in, once. Nothing is decoded,
+joined or copied after the decryption: copies per byte from the store to the slot are 2
+on a local directory (the kernel's read into cas's scratch buffer, the decryption into
+the slot's cache), 3 on S3 (socket to aiohttp, aiohttp to scratch, decryption).
 """
 
 from __future__ import annotations
@@ -65,15 +67,20 @@ class Intake:
         # A cut without logits serves only as an aligned ancestor; the request's own mode
         # is checked again by restore.
         gate(pool, snap, depth=snap.depth, mode="exact" if snap.logits_witnessed else "ancestor")
-        mx.eval(self._shadow.arrays())  # allocates, now that the layout passed the gate
         self.snapshot = snap
         self._heads: dict[str, tuple[bytes, memoryview]] = {}
         self._segments: dict[str, list[memoryview]] = {}
-        for part in snap.parts:
+
+    def _allocate(self) -> None:
+        """The shadow's buffers and each part's segments, once (on the thread running MLX)."""
+        if self._segments or self._shadow is None:
+            return
+        mx.eval(self._shadow.arrays())
+        for part in self.snapshot.parts:
             expected = frame.head(part.kind, part.arrays, **part.fields)
             landed = memoryview(bytearray(len(expected) + frame.DIGEST_SIZE))
             self._heads[part.role] = (expected, landed)
-            self._segments[part.role] = [landed, *codec.segments(pool, part, self._shadow)]
+            self._segments[part.role] = [landed, *codec.segments(self.pool, part, self._shadow)]
 
     @property
     def taken(self) -> bool:
@@ -86,7 +93,9 @@ class Intake:
 
     def destinations(self, parts: Sequence[tuple[str, int]]) -> list[list[memoryview]]:
         """The segments each (role, size) part fills, in the order given; PlanesInvalid
-        unless the parts are exactly the layout's and each has the size its frame needs."""
+        unless the parts are exactly the layout's and each has the size its frame needs.
+        The first call allocates the shadow's buffers: make it on the thread running MLX."""
+        self._allocate()
         if sorted(role for role, _ in parts) != sorted(self._segments):
             got = [role for role, _ in parts]
             raise PlanesInvalid(None, f"parts {got} do not match the layout's {self.roles}")
@@ -104,6 +113,7 @@ class Intake:
         part is not the frame the engine expects, RestoreRefused on reuse or another pool."""
         if pool is not self.pool:
             raise RestoreRefused("intake was made for another slot pool")
+        self._allocate()  # an intake never filled fails its heads below
         shadow, self._shadow = self._shadow, None
         if shadow is None:
             raise RestoreRefused("intake already restored")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Coroutine
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -26,7 +27,15 @@ class IoLoop:
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
         """Run `coro` on the loop; TimeoutError (and cancellation) past `timeout` seconds."""
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return self.wait(self.start(coro), timeout)
+
+    def start(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        """Start `coro` on the loop; the caller goes on and `wait`s for it later."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def wait(self, future: Future[T], timeout: float | None) -> T:
+        """What a started coroutine returns; TimeoutError (and cancellation) past
+        `timeout` seconds."""
         try:
             return future.result(timeout)
         except TimeoutError:

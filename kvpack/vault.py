@@ -21,8 +21,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -224,11 +227,32 @@ class Vault:
         self.run(chunks.warm(size, probe_key=READY_PROBE_KEY), READY_PROBE_TIMEOUT_S)
 
     def load_into(
-        self, manifest: Manifest, scope: Scope, into: Sequence[Sequence[memoryview]]
+        self,
+        manifest: Manifest,
+        scope: Scope,
+        into: Callable[[], Sequence[Sequence[memoryview]]],
     ) -> None:
         """Every chunk of a verified manifest fetched concurrently, verified and decrypted
-        straight into `into` (each part's segments, in manifest order)."""
-        self.run(load_parts(chunks=self.chunks(scope.namespace), manifest=manifest, into=into))
+        straight into the destinations `into()` returns (each part's segments, in manifest
+        order). `into` runs on the calling thread while the chunks are on their way (the
+        engine allocates its intake there), so the fetch overlaps the allocation; what it
+        raises propagates and the fetch is cancelled (it never had the destinations)."""
+        made: Future[Sequence[Sequence[memoryview]]] = Future()
+
+        async def destinations() -> Sequence[Sequence[memoryview]]:
+            return await asyncio.wrap_future(made)
+
+        chunks = self.chunks(scope.namespace)
+        deadline = time.monotonic() + self.timeout_s
+        loading = self.io.start(load_parts(chunks=chunks, manifest=manifest, into=destinations()))
+        try:
+            outs = into()
+        except BaseException:
+            loading.cancel()
+            raise
+        if made.set_running_or_notify_cancel():  # False: the fetch failed and gave up on it
+            made.set_result(outs)
+        self.io.wait(loading, max(0.0, deadline - time.monotonic()))
 
     def publish(
         self,

@@ -71,7 +71,7 @@ class CutReader:
         """Every chunk straight into the intake's destinations, verified; raises cas's
         typed errors (or a TimeoutError) with the intake half-filled and unusable."""
         parts = [(p.role, p.size) for p in self.manifest.parts]
-        self.vault.load_into(self.manifest, self.scope, intake.destinations(parts))
+        self.vault.load_into(self.manifest, self.scope, lambda: intake.destinations(parts))
         self._intake = intake
 
     @property

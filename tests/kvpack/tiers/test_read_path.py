@@ -7,6 +7,9 @@ or stalls in the middle of a durable restore leaving the slot as it was."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import mlx.core as mx
@@ -16,6 +19,7 @@ import pytest
 import engine.codec as codec
 from cas.errors import StoreUnavailable
 from engine.codec import frame
+from engine.errors import PlanesInvalid
 from engine.format import encode
 from kvpack.config import Settings
 from kvpack.service.service import Completion, CompletionRequest, Service
@@ -206,6 +210,24 @@ def vault_over(settings: Settings, wrap) -> Vault:
     )
 
 
+@contextmanager
+def over_wrapped(settings: Settings, open_service, wrap):
+    """P asked of a first service and its cuts published; then (a service whose vault's
+    store is `wrap(the real store)`, that wrapper, the cold answer to P) for the body."""
+    first = open_service(settings)
+    cold = ask(first, P)
+    assert first.flush(30)
+    first.close()
+    store: list = []
+    vault = vault_over(settings, lambda inner: store.append(wrap(inner)) or store[0])
+    try:
+        svc = open_service(settings, vault=vault, resident_budget_bytes=0)
+        yield svc, store[0], cold
+        svc.close()
+    finally:
+        vault.close()
+
+
 @pytest.mark.s3
 @pytest.mark.parametrize("mode", ["fail", "stall", "flip"])
 def test_a_bad_read_mid_restore_leaves_the_slot_untouched_and_recomputes(
@@ -218,22 +240,14 @@ def test_a_bad_read_mid_restore_leaves_the_slot_untouched_and_recomputes(
     settings = Settings.load(
         data_dir=tmp_path / "vault", alignment=TINY_A, env={}, **s3_settings(s3_config)
     )
-    first = open_service(settings)
-    cold = ask(first, P)
-    assert first.flush(30)
-    first.close()
-
-    store: list[MidRestore] = []
-    vault = vault_over(settings, lambda inner: store.append(MidRestore(inner, mode)) or store[0])
-    try:
-        svc = open_service(settings, vault=vault, resident_budget_bytes=0)
+    with over_wrapped(settings, open_service, lambda s: MidRestore(s, mode)) as (svc, store, cold):
         slot = svc.tenant("default").pool.slot(0)
         ask(svc, Q)
         before, history = slot.state, slot.tokens
-        store[0].armed = True
+        store.armed = True
         request = Ask.of(svc.tenant("default").scope, P)
         assert svc.ladder.restore(request, lambda cut: slot.restore(cut, prompt=P)) is None
-        assert store[0].reads >= 3
+        assert store.reads >= 3
         assert slot.state is before and slot.tokens == history
         failures = svc.accounting.total("kvpack_verification_failures_total")
         condemned = svc.accounting.total("kvpack_condemned_cuts_total")
@@ -241,12 +255,81 @@ def test_a_bad_read_mid_restore_leaves_the_slot_untouched_and_recomputes(
         assert (failures, condemned > 0) == ((1, True) if mode == "flip" else (0, False))
         assert (svc.durable.find(request) is None) == (mode == "flip")
 
-        store[0].armed, store[0].reads = mode != "flip", 0
+        store.armed, store.reads = mode != "flip", 0
         again = ask(svc, P)
         assert (again.tier, answer(again)) == ("none", answer(cold))
-        svc.close()
-    finally:
-        vault.close()
+
+
+class Watched(Wrapper):
+    """Chunk reads that take `delay` seconds, with the first start signalled and the
+    reads in flight counted."""
+
+    def __init__(self, inner, delay: float = 0.0) -> None:
+        super().__init__(inner)
+        self.delay, self.started, self.flying = delay, threading.Event(), 0
+
+    async def get_into(self, key: str, out: memoryview) -> int:
+        if "chunks/" not in key:
+            return await self.inner.get_into(key, out)
+        self.started.set()
+        self.flying += 1
+        try:
+            await asyncio.sleep(self.delay)
+            return await self.inner.get_into(key, out)
+        finally:
+            self.flying -= 1
+
+
+def reader_of(svc: Service, tokens: list[int]) -> CutReader:
+    scope = svc.tenant("default").scope
+    cut = svc.vault.find(scope, scope.chain(tokens))
+    assert cut is not None and cut.depth == len(tokens)
+    return CutReader.open(svc.vault, cut, scope)
+
+
+def test_the_fetch_is_under_way_while_the_intake_allocates(settings, open_service):
+    """A durable reader starts fetching before it asks the intake for its destinations
+    (the call that allocates the shadow's buffers): the first chunk read has begun while
+    that call is still running, and the restore then commits the whole prompt."""
+    with over_wrapped(settings, open_service, Watched) as (svc, store, _):
+        reader, slot = reader_of(svc, P), svc.tenant("default").pool.slot(0)
+        intake = slot.intake(reader.layout)
+        allocate = intake.destinations
+
+        def destinations(parts):
+            assert store.started.wait(10), "no chunk read began before the allocation"
+            return allocate(parts)
+
+        intake.destinations = destinations  # type: ignore[method-assign]
+        reader.fill(intake)
+        slot.restore(intake, prompt=P)
+        assert list(slot.tokens) == P
+
+
+def test_an_intake_that_cannot_allocate_stops_the_fetch(settings, open_service):
+    """Branch: the intake's destinations raise while chunks are in flight. The error
+    propagates from fill at once, every read in flight is cancelled (none is left running
+    and no other starts), and the next reader restores normally."""
+    with over_wrapped(settings, open_service, lambda s: Watched(s, 5.0)) as (svc, store, _):
+        reader, slot = reader_of(svc, P), svc.tenant("default").pool.slot(0)
+        intake = slot.intake(reader.layout)
+
+        def refused(parts):
+            assert store.started.wait(10)
+            raise PlanesInvalid(None, "made to fail")
+
+        intake.destinations = refused  # type: ignore[method-assign]
+        started = time.monotonic()
+        with pytest.raises(PlanesInvalid, match="made to fail"):
+            reader.fill(intake)
+        assert time.monotonic() - started < 2.0  # not after the 5 s reads
+        deadline = time.monotonic() + 2.0
+        while store.flying and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert store.flying == 0
+        store.delay = 0.0
+        slot.restore(reader_of(svc, P), prompt=P)
+        assert list(slot.tokens) == P
 
 
 def test_the_mlx_cache_limit_setting_is_applied_when_a_service_opens(tmp_path, open_service):

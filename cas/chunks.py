@@ -55,8 +55,8 @@ T = TypeVar("T")
 # 1 leave S3 latency unhidden.
 DEFAULT_CONCURRENCY = 4
 Blob = bytes | bytearray | memoryview
-WARM_SAMPLE = 4096  # bytes of the chunk warm() seals and opens in memory, in two segments
 Destination = Blob | Sequence[Blob]  # one writable buffer, or segments filled in order
+WARM_SAMPLE = 4096  # bytes of the chunk warm() seals and opens in memory, in two segments
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,10 +8,12 @@
   the intake for the manifest's layout on the thread that runs MLX — the shadow caches
   the cut becomes — and the reader fetches every chunk concurrently, tag-verified,
   decrypted straight into the intake's destinations and re-hashed (catalog/publish.py
-  load_parts with `into`). Nothing is decoded, joined or copied after the decryption,
-  and kvpack never decodes the parts. A fetch that fails or a chunk that does not verify
-  raises out of the install before the swap: the slot keeps what it had, and the ladder
-  falls through (an outage uncounted; a verification failure counted and condemned).
+  load_parts with `into`); the fetch starts first and the intake allocates those
+  destinations meanwhile (kvpack/vault.py load_into). Nothing is decoded, joined or
+  copied after the decryption, and kvpack never decodes the parts. A fetch that fails
+  or a chunk that does not verify raises out of the install before the swap: the slot
+  keeps what it had, and the ladder falls through (an outage uncounted; a verification
+  failure counted and condemned).
   After a restore, `installed` is the Snapshot it became (views of the restored caches,
   each part with its verified frame digest): what the ladder promotes into the caches.
 - served: the cut's catalog row is stamped as hit, off the response path (GC evicts the
@@ -68,8 +70,9 @@ class CutReader:
         return self.manifest.depth
 
     def fill(self, intake: Intake) -> None:
-        """Every chunk straight into the intake's destinations, verified; raises cas's
-        typed errors (or a TimeoutError) with the intake half-filled and unusable."""
+        """Every chunk straight into the intake's destinations, verified, the fetch under
+        way while the intake allocates them; raises cas's typed errors (or a TimeoutError)
+        with the intake half-filled and unusable."""
         parts = [(p.role, p.size) for p in self.manifest.parts]
         self.vault.load_into(self.manifest, self.scope, lambda: intake.destinations(parts))
         self._intake = intake

@@ -151,6 +151,9 @@ def test_unknown_body_version_is_refused_even_with_a_valid_mac():
         lambda d: d.update(planes=[{"role": "x", "chunk": "00", "size": 1}]),
         lambda d: d.update(layout=[]),
         lambda d: d.update(created_at="yesterday"),
+        lambda d: d.update(created_at="2026-01-02T03:04:05.678901+00:00"),  # ISO, not ours
+        lambda d: d.update(created_at="2026-01-02T03:04:05Z"),
+        lambda d: d.update(created_at="2026-01-02T03:04:05.678901"),
     ],
 )
 def test_malformed_authentic_bodies_are_refused(mutate):

@@ -37,12 +37,8 @@ def test_get_into_refuses_unfit_destinations(chunk_store, aio):
             aio.run(chunk_store.get_into([ref], outs))
 
 
-def test_scratch_buffers_are_reused_across_chunks(object_store, keyring, aio, monkeypatch):
-    """Six chunks read with max_concurrency=2 land in at most two scratch buffers, and a
-    second call reuses them (no fresh buffer per chunk)."""
-    store = ChunkStore(object_store, keyring, namespace="test", max_concurrency=2)
-    blobs = [os.urandom(20_000) for _ in range(6)]
-    refs = aio.run(store.put_many(blobs))
+def recorded_lends(store: ChunkStore, monkeypatch) -> list[int]:
+    """The ids of the buffers the store's scratch pool lends from now on, in order."""
     seen: list[int] = []
     lend = store.scratch.lend
 
@@ -53,6 +49,16 @@ def test_scratch_buffers_are_reused_across_chunks(object_store, keyring, aio, mo
             yield view
 
     monkeypatch.setattr(store.scratch, "lend", recording)
+    return seen
+
+
+def test_scratch_buffers_are_reused_across_chunks(object_store, keyring, aio, monkeypatch):
+    """Six chunks read with max_concurrency=2 land in at most two scratch buffers, and a
+    second call reuses them (no fresh buffer per chunk)."""
+    store = ChunkStore(object_store, keyring, namespace="test", max_concurrency=2)
+    blobs = [os.urandom(20_000) for _ in range(6)]
+    refs = aio.run(store.put_many(blobs))
+    seen = recorded_lends(store, monkeypatch)
     assert aio.run(store.get_many(refs)).tobytes() == b"".join(blobs)
     first = set(seen)
     assert len(seen) == 6 and len(first) <= 2
@@ -142,16 +148,7 @@ def test_warm_sets_up_a_read_per_chunk_in_flight_and_writes_nothing(object_store
     assert aio.run(object_store.list_keys("")) == []
     warmed = {id(b) for b in store.scratch._free}
     ref = aio.run(store.put(os.urandom(50_000)))
-    lent: list[int] = []
-    lend = store.scratch.lend
-
-    @contextmanager
-    def recording(size):
-        with lend(size) as view:
-            lent.append(id(view.obj))
-            yield view
-
-    monkeypatch.setattr(store.scratch, "lend", recording)
+    lent = recorded_lends(store, monkeypatch)
     aio.run(store.get(ref))
     assert len(lent) == 1 and lent[0] in warmed
 

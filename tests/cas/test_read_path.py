@@ -142,15 +142,15 @@ def test_warm_sets_up_a_read_per_chunk_in_flight_and_writes_nothing(object_store
     bytes, the next read of such a chunk takes one of them, and no object was written."""
     recorded = _Recorded(object_store)
     store = ChunkStore(recorded, keyring, namespace="test", max_concurrency=3)
+    lent = recorded_lends(store, monkeypatch)
     aio.run(store.warm(50_000, probe_key="ready/probe"))
     assert recorded.keys == ["ready/probe"] * 3 and recorded.most == 3
     assert store.scratch.held_bytes == 3 * max_sealed_size(50_000)
     assert aio.run(object_store.list_keys("")) == []
-    warmed = {id(b) for b in store.scratch._free}
+    warmed = set(lent)
     ref = aio.run(store.put(os.urandom(50_000)))
-    lent = recorded_lends(store, monkeypatch)
     aio.run(store.get(ref))
-    assert len(lent) == 1 and lent[0] in warmed
+    assert len(warmed) == 3 and len(lent) == 4 and lent[3] in warmed
 
 
 def test_scratch_pool_lends_and_keeps():

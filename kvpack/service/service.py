@@ -70,6 +70,7 @@ from kvpack.vault import DEFAULT_TIMEOUT_S, Vault
 
 Step = Literal["lookup", "prefill", "decode"]
 RESERVE_CAP = 2 << 30  # the default restore reserve's ceiling (a big model's full context)
+FRAME_ROOM = 64 << 10  # a frame's head and digest: a few hundred bytes on the demo model
 PAIRING = (
     "a local prefill from depth 0 pairs once with the first later hit on the same cut "
     "(same identity, same tokens) in the same process"
@@ -121,12 +122,17 @@ def _published(
         pub.served()
 
 
+def block_bytes(loaded: LoadedModel) -> int:
+    """A full block's part: its caches' bytes and room for its frame's head and digest
+    (what the durable reader's scratch buffer for one chunk holds)."""
+    return loaded.layout.cache_bytes(loaded.alignment) + FRAME_ROOM
+
+
 def default_reserve(loaded: LoadedModel) -> int:
     """One slot's caches at the model's full context, and the durable reader's scratch
     buffers (a block per chunk in flight), at most RESERVE_CAP."""
-    layout = loaded.layout
-    scratch = DEFAULT_CONCURRENCY * layout.cache_bytes(loaded.alignment)
-    return min(layout.cache_bytes(loaded.context_length) + scratch, RESERVE_CAP)
+    scratch = DEFAULT_CONCURRENCY * block_bytes(loaded)
+    return min(loaded.layout.cache_bytes(loaded.context_length) + scratch, RESERVE_CAP)
 
 
 class Service:

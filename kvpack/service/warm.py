@@ -42,11 +42,10 @@ from engine import memory
 from engine.intake import Intake
 from engine.slots import Slot
 from engine.state import Planes
-from kvpack.service.service import Service
+from kvpack.service.service import Service, block_bytes
 from kvpack.vault import Vault
 
 log = logging.getLogger(__name__)
-FRAME_ROOM = 64 << 10  # a frame's head and digest: a few hundred bytes on the demo model
 WARM_TOKENS = 8  # a short prefill: the first forward's setup, not a real prompt's cost
 
 
@@ -58,7 +57,7 @@ def warm(service: Service) -> dict[str, float]:
     vault, scope = service.vault, tenant.scope
     phases: dict[str, Callable[[], object]] = {
         "memory": lambda: memory.reserve(service.restore_reserve) if memory.kept() else None,
-        "store": lambda: _store(vault, scope.namespace, _block_bytes(service)),
+        "store": lambda: _store(vault, scope.namespace, block_bytes(service.loaded)),
         "catalog": lambda: _catalog(vault, scope, tokens),
         "engine": lambda: _engine(service, tenant.pool.slot(0), tokens),
         "objects": _freeze,
@@ -82,12 +81,6 @@ def _freeze() -> None:
 def _store(vault: Vault, namespace: str, block_bytes: int) -> None:
     _answered(vault.check_store)
     vault.warm_reads(namespace, block_bytes)
-
-
-def _block_bytes(service: Service) -> int:
-    """A full block's part: its caches' bytes and room for its frame's head and digest."""
-    loaded = service.loaded
-    return loaded.layout.cache_bytes(loaded.alignment) + FRAME_ROOM
 
 
 def _catalog(vault: Vault, scope: Scope, tokens: list[int]) -> None:

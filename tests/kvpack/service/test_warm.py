@@ -12,7 +12,7 @@ import pytest
 
 from cas.chunks import DEFAULT_CONCURRENCY
 from kvpack.config import Settings
-from kvpack.service.service import CompletionRequest
+from kvpack.service.service import FRAME_ROOM, CompletionRequest
 from kvpack.service.warm import warm
 from tests.engine.slotkit import TINY_A
 
@@ -89,7 +89,8 @@ def test_the_restore_reserve_is_one_full_context_slot_unless_set(tmp_path, open_
     restore_reserve setting replaces it ("0": none)."""
     default = open_service(Settings.load(data_dir=tmp_path / "a", alignment=TINY_A, env={}))
     loaded = default.loaded
-    block = loaded.layout.cache_bytes(loaded.alignment)  # a scratch buffer per chunk in flight
+    # a scratch buffer per chunk in flight: a block's caches and its frame's room
+    block = loaded.layout.cache_bytes(loaded.alignment) + FRAME_ROOM
     full = loaded.layout.cache_bytes(loaded.context_length)
     assert default.restore_reserve == full + DEFAULT_CONCURRENCY * block > full > 0
     env = {"KVPACK_RESTORE_RESERVE": "0"}

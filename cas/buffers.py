@@ -5,6 +5,7 @@
 - ScratchPool: lends buffers of at least a size and keeps at most `keep` of them between
   loans (the largest); its memory cost is about keep × the largest sealed chunk read
   through it. Thread-safe, so ChunkStores of several namespaces may share one.
+- scatter: bytes copied across segments in order (a destination in pieces, cas/chunks.py).
 - fresh buffer (`fresh_buffer`): writable memory for bytes about to be written in full.
   bytearray(n) fills n zeros first, a pass over memory that is then overwritten (and a
   page fault per 4 KiB); a large fresh buffer is a private anonymous mapping the kernel
@@ -20,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import mmap
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 
@@ -76,3 +77,14 @@ def fresh_buffer(size: int) -> memoryview:
     if hasattr(mmap, "MADV_HUGEPAGE"):  # Linux
         area.madvise(mmap.MADV_HUGEPAGE)
     return memoryview(area)
+
+
+def scatter(source: bytes | bytearray | memoryview, segments: Sequence[memoryview]) -> None:
+    """Copy `source` across `segments` in order; ValueError unless their sizes add up to it."""
+    view = memoryview(source).cast("B")
+    if sum(s.nbytes for s in segments) != view.nbytes:
+        raise ValueError(f"segments of {[s.nbytes for s in segments]} bytes for {view.nbytes}")
+    pos = 0
+    for seg in segments:
+        seg[:] = view[pos : pos + seg.nbytes]
+        pos += seg.nbytes

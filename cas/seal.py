@@ -67,6 +67,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, AESGCMSIV
 
+from cas.buffers import scatter
 from cas.errors import ChunkCorrupt
 from cas.ids import ChunkId
 from cas.keys import Keyring
@@ -213,10 +214,7 @@ class ChunkSeal:
         if version == VERSION_V1:  # GCM-SIV cannot stream: open whole, then scatter
             whole = memoryview(bytearray(len(sealed) - start - TAG_SIZE))
             self._decrypt(chunk_id, sealed, whole)
-            pos = 0
-            for seg in segments:
-                seg[:] = whole[pos : pos + seg.nbytes]
-                pos += seg.nbytes
+            scatter(whole, segments)
             hasher.update(whole)
             return hasher.digest()
         # GCM is a stream: segment by segment, with the tag checked at the end.

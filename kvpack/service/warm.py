@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from cas.buffers import scatter
 from catalog.scope import Scope
 from engine import format as planes_format
 from engine import memory
@@ -129,7 +130,4 @@ class _InMemory:
     def fill(self, intake: Intake) -> None:
         sizes = [(role, memoryview(data).nbytes) for role, data in self.planes.parts]
         for (_, data), segments in zip(self.planes.parts, intake.destinations(sizes), strict=True):
-            view, offset = memoryview(data).cast("B"), 0
-            for segment in segments:
-                segment[:] = view[offset : offset + segment.nbytes]
-                offset += segment.nbytes
+            scatter(data, segments)

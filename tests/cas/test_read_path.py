@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from cas.buffers import HUGE_PAGE, ScratchPool, fresh_buffer
+from cas.buffers import HUGE_PAGE, ScratchPool, fresh_buffer, scatter
 from cas.chunks import ChunkStore
 from cas.errors import ChunkMissing, ObjectMissing
 from cas.seal import max_sealed_size
@@ -188,6 +188,22 @@ def test_fresh_buffers_are_writable_zeros_of_the_size_asked():
         if size:
             a[size - 1] = 7
             assert a[size - 1] == 7 and b[size - 1] == 0
+
+
+def test_scatter_copies_across_segments_in_order_and_refuses_another_total():
+    """scatter: every byte lands in its segment in order (a strided layout, nothing
+    between the segments touched); segments of another total are a ValueError naming the
+    sizes, with nothing written."""
+    data = os.urandom(500)
+    target = memoryview(bytearray(1000))
+    strided = [target[i : i + 100] for i in range(0, 1000, 200)]
+    scatter(data, strided)
+    assert b"".join(s.tobytes() for s in strided) == data
+    assert all(target[i + 100 : i + 200].tobytes() == bytes(100) for i in range(0, 1000, 200))
+    short = [memoryview(bytearray(100)) for _ in range(4)]
+    with pytest.raises(ValueError, match="for 500"):
+        scatter(data, short)
+    assert all(s.tobytes() == bytes(100) for s in short)
 
 
 def test_get_into_segments(chunk_store, aio):

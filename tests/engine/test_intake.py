@@ -8,6 +8,7 @@ import copy
 
 import pytest
 
+from cas.buffers import scatter
 from engine.errors import PlanesInvalid, RestoreRefused, ShapeMismatch
 from engine.format import encode
 from engine.state import Planes
@@ -28,11 +29,7 @@ def fill(intake, planes: Planes, data_of=None) -> None:
     parts = [(role, data_of(role) if data_of else data) for role, data in planes.parts]
     dests = intake.destinations([(role, len(data)) for role, data in parts])
     for (_, data), segments in zip(parts, dests, strict=True):
-        view, pos = memoryview(data), 0
-        for seg in segments:
-            seg[:] = view[pos : pos + seg.nbytes]
-            pos += seg.nbytes
-        assert pos == len(data)
+        scatter(data, segments)
 
 
 @pytest.mark.parametrize("decode_first", [0, 5], ids=["after-prefill", "rotated-ring"])

@@ -5,10 +5,11 @@
   the service publishes them: conversations under a few identities, each a token chain
   that starts with one of a few shared system prompts and grows turn by turn; every turn
   publishes its 2,048-token multiples, its last aligned cut and its exact cut (with
-  logits), and a cut an earlier turn already published is the same manifest (one
-  history, one manifest). Chain links are random 32-byte digests, shared exactly where
-  histories share tokens (what a real chain's digests look like to the catalog). Only
-  the tables find_deepest reads are filled (identities, manifests).
+  logits), and a cut an earlier turn or another conversation already published (a
+  shared system prompt's) is the same manifest (one history, one manifest, as the
+  catalog's unique idempotency key makes it). Chain links are random 32-byte digests,
+  shared exactly where histories share tokens (what a real chain's digests look like to
+  the catalog). Only the tables find_deepest reads are filled (identities, manifests).
 - legs: lookups through Vault.find, the server's own path (the catalog breaker, the
   Reader, the query): exact hits of prompts at three depth ranges, ancestor hits (a new
   turn extending a published prompt: its deepest aligned cut serves), misses (a chain
@@ -117,6 +118,9 @@ class Fill:
             ident: [self._extend([], 0, self.rng.randint(1, 4)) for _ in range(opts.system_prompts)]
             for ident in self.identities
         }
+        # The only links conversations share; each is one manifest however many publish it.
+        self._shared = {c for ps in self.prompts.values() for p in ps for _, c in p}
+        self._published_shared: set[ChainDigest] = set()
         self.rows = 0
         self.sample: list[Conversation] = []  # a reservoir of conversations to look up
         self._seen = 0
@@ -152,8 +156,19 @@ class Fill:
             for d in wanted:
                 if d not in published and d in aligned:
                     published.add(d)
-                    yield conv.identity, d, aligned[d], False
+                    if self._first(aligned[d]):
+                        yield conv.identity, d, aligned[d], False
             yield conv.identity, depth, digest, True
+
+    def _first(self, chain: ChainDigest) -> bool:
+        """Whether no conversation has published this history yet (the catalog holds one
+        manifest per identity and history: its idempotency key is unique)."""
+        if chain not in self._shared:
+            return True  # a conversation's own link: no other history has it
+        if chain in self._published_shared:
+            return False
+        self._published_shared.add(chain)
+        return True
 
     def keep(self, conv: Conversation) -> None:
         """Reservoir sampling: every conversation is as likely to be looked up."""

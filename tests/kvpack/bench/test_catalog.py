@@ -18,13 +18,16 @@ SERVER = os.environ.get("KVPACK_TEST_PG_URL", DEFAULT_PG_URL)
 
 def test_lookups_expect_the_cuts_the_fill_published():
     """The plan's expectations follow from the fill: an exact hit names its own turn's
-    exact cut, an ancestor hit a published aligned cut, a miss shares no link."""
+    exact cut, an ancestor hit a published aligned cut, a miss shares no link. Each
+    history is one row, however many conversations share it (a system prompt's cut), as
+    the catalog's unique idempotency key allows no other."""
     fill = Fill(CatalogBenchOptions(database_url=SERVER, manifests=3000, samples=100))
     published = {}
     while fill.rows < 3000:
         conv = fill.conversation()
         fill.keep(conv)
         for ident, depth, chain, exact in fill.cuts(conv):
+            assert (ident, chain) not in published, "one history published as two rows"
             published[(ident, chain)] = (depth, exact)
             fill.rows += 1
     planned = lookups(fill)

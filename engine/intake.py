@@ -110,13 +110,15 @@ class Intake:
 
     def take(self, pool: PoolShape) -> tuple[Snapshot, SlotState]:
         """The filled shadow, once, after checking every part's head; PlanesInvalid when a
-        part is not the frame the engine expects, RestoreRefused on reuse or another pool."""
+        part is not the frame the engine expects or the intake never made its destinations,
+        RestoreRefused on reuse or another pool."""
         if pool is not self.pool:
             raise RestoreRefused("intake was made for another slot pool")
-        self._allocate()  # an intake never filled fails its heads below
         shadow, self._shadow = self._shadow, None
         if shadow is None:
             raise RestoreRefused("intake already restored")
+        if not self._segments:  # refused without allocating the shadow's buffers for it
+            raise PlanesInvalid(None, "intake was never filled (no destinations were made)")
         heads, self._heads, self._segments = self._heads, {}, {}  # the slot's, from now on
         for role, (expected, landed) in heads.items():
             if landed[: len(expected)] != expected:

@@ -21,10 +21,27 @@ that print them.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 MB = 1_000_000
 PROMPT_A_LEGS = ("cold", "warm", "durable")  # the legs on the prompt the baselines are for
+
+
+@dataclass(frozen=True)
+class StoreBounds:
+    """What a durable restore from one kind of store is held to."""
+
+    fraction: str  # the leg figure its restore rate is judged on
+    baseline: str  # that figure's baseline, as the target's name says it
+    rate: float  # restore rate >= this fraction of the baseline's
+    ttft: float  # durable TTFT <= this multiple of mlx-lm's
+
+
+BOUNDS = {
+    "local": StoreBounds("floor_fraction", "floor", 0.5, 1.5),
+    "s3": StoreBounds("s3_get_fraction", "raw S3 GET", 0.7, 2.0),
+}
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -84,22 +101,16 @@ def targets(figures: Mapping[str, Mapping[str, Any]], store: str | None) -> list
     """The restore targets for one attempt; `store` is "s3" or "local" (None: unknown)."""
     warm, durable = figures.get("warm", {}), figures.get("durable", {})
     second = figures.get("durable_second", {})
-    s3 = store == "s3"
-    fraction = "s3_get_fraction" if s3 else "floor_fraction"
-    rate = _target(
-        f"durable restore rate / {'raw S3 GET' if s3 else 'floor'} (slower leg)",
-        _slower(durable.get(fraction), second.get(fraction)),
-        ">=",
-        0.7 if s3 else 0.5,
-    )
+    bounds = BOUNDS["s3" if store == "s3" else "local"]
+    rate = _slower(durable.get(bounds.fraction), second.get(bounds.fraction))
     return [
-        rate,
+        _target(f"durable restore rate / {bounds.baseline} (slower leg)", rate, ">=", bounds.rate),
         _target("resident TTFT / mlx-lm", warm.get("ttft_vs_mlx_lm"), "<=", 0.6),
         _target(
             f"durable TTFT / mlx-lm ({store or '?'})",
             durable.get("ttft_vs_mlx_lm"),
             "<=",
-            2.0 if s3 else 1.5,
+            bounds.ttft,
         ),  # fmt: skip
         _target("durable peak RSS added / cut bytes", durable.get("peak_rss_per_byte"), "<=", 2.0),
         _target(

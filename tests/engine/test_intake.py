@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 
+import mlx.core as mx
 import pytest
 
 from cas.buffers import scatter
@@ -159,3 +160,24 @@ def test_destinations_check_roles_and_sizes_and_an_intake_is_used_once():
         fresh = pool.slot(0).intake(planes.layout)
         fill(fresh, planes)
         pool.slot(0).restore(fresh, prompt=a.tokens[:-1])
+
+
+def test_an_intake_never_filled_is_refused_without_allocating_its_shadow():
+    """Restoring an intake whose destinations were never made is refused, names why, and
+    allocates nothing for it (there is nothing to check its heads against); the slot keeps
+    what it held."""
+    pool = tiny_pool(2)
+    a = cold(pool, PROMPT, 0)
+    planes = encode(a.export())
+    b = pool.slot(1)
+    b.prefill(prompt(40, seed=5))
+    before = physical(b)
+    intake = b.intake(planes.layout)
+    mx.reset_peak_memory()
+    start = mx.get_active_memory()
+    with pytest.raises(PlanesInvalid, match="never filled"):
+        b.restore(intake, prompt=a.tokens)
+    assert mx.get_peak_memory() - start < sum(len(data) for _, data in planes.parts) // 2
+    assert physical(b) == before
+    with pytest.raises(RestoreRefused, match="already restored"):
+        b.restore(intake, prompt=a.tokens)

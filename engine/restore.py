@@ -10,7 +10,8 @@
   write index and size, the logits' shape).
 - shadow: fresh cache objects (from the model's own factory) that nothing decodes from,
   filled by each kind's install — the full layers get their blocks joined at the recorded
-  capacity, the rings their buffers in the same rotation — then every array is evaluated.
+  capacity (keys and values at once, on two streams: engine/streams.py), the rings their
+  buffers in the same rotation — then every array is evaluated.
 - swap: the slot takes the prepared SlotState in one reference assignment. Anything that
   fails before it leaves the slot exactly as it was and raises a RestoreRefused.
 """

@@ -18,6 +18,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
+from engine import streams
 from engine.codec.checks import entry, expect, integers, listed
 from engine.codec.frame import DTYPES
 from engine.errors import EngineError, PlanesInvalid, ShapeMismatch
@@ -95,12 +96,14 @@ def gate(pool: PoolShape, snap: Snapshot, parts: Sequence[Part]) -> None:
 def install(pool: PoolShape, snap: Snapshot, parts: Sequence[Part], shadow: SlotState) -> None:
     full = _full(pool)
     depth, capacity = snap.depth, snap.layout["capacity"]
+    side = streams.side()
     for j, (layer, _) in enumerate(full):
         cache = shadow.cache[layer]
         if not isinstance(cache, KVCache):
             raise ShapeMismatch(f"layer {layer} cache", "KVCache", type(cache).__name__)
         cache.keys = _join([p.arrays[j] for p in parts], depth, capacity)
-        cache.values = _join([p.arrays[len(full) + j] for p in parts], depth, capacity)
+        values = [p.arrays[len(full) + j] for p in parts]
+        cache.values = _join(values, depth, capacity, stream=side)  # beside the keys' join
         cache.offset = depth
 
 
@@ -143,11 +146,15 @@ def segments(pool: PoolShape, part: Part, shadow: SlotState) -> list[memoryview]
     return out
 
 
-def _join(blocks: list[mx.array], depth: int, capacity: int) -> mx.array:
+def _join(
+    blocks: list[mx.array], depth: int, capacity: int, *, stream: mx.Stream | None = None
+) -> mx.array:
     """Concatenate [heads, n, dim] blocks along the sequence and pad with zeros to the
-    recorded capacity, as mlx-lm's KVCache would have allocated it."""
+    recorded capacity, as mlx-lm's KVCache would have allocated it (on `stream`, else
+    the thread's default)."""
     if capacity > depth:
         heads, _, dim = blocks[0].shape
-        blocks = [*blocks, mx.zeros((heads, capacity - depth, dim), dtype=blocks[0].dtype)]
-    joined = blocks[0] if len(blocks) == 1 else mx.concatenate(blocks, axis=1)
-    return joined[None]
+        pad = mx.zeros((heads, capacity - depth, dim), dtype=blocks[0].dtype, stream=stream)
+        blocks = [*blocks, pad]
+    joined = blocks[0] if len(blocks) == 1 else mx.concatenate(blocks, axis=1, stream=stream)
+    return mx.expand_dims(joined, 0, stream=stream)

@@ -92,9 +92,26 @@ def leg_figures(name: str, leg: Mapping[str, Any], baseline: Mapping[str, Any]) 
     }
 
 
+def _holds(value: float, op: str, bound: float) -> bool:
+    return value <= bound if op == "<=" else value >= bound
+
+
 def _target(name: str, value: float | None, op: str, bound: float) -> dict[str, Any]:
-    met = None if value is None else (value <= bound if op == "<=" else value >= bound)
+    met = None if value is None else _holds(value, op, bound)
     return {"target": name, "value": value, "op": op, "bound": bound, "met": met}
+
+
+def _judged(t: Mapping[str, Any]) -> str:
+    """A target's value to two places, or as many more as it takes not to read as the
+    other verdict (0.696 against >= 0.7 prints 0.696, not 0.70)."""
+    value = t["value"]
+    if value is None:
+        return "-"
+    for places in range(2, 7):
+        shown = f"{value:.{places}f}"
+        if _holds(float(shown), t["op"], t["bound"]) == t["met"]:
+            return shown
+    return repr(value)
 
 
 def targets(figures: Mapping[str, Mapping[str, Any]], store: str | None) -> list[dict[str, Any]]:
@@ -165,7 +182,7 @@ def format_figures(receipt: Mapping[str, Any]) -> str:
         )
     verdict = {True: "met", False: "MISSED", None: "not judged"}
     for t in receipt.get("targets", []):
-        rows.append(f"  target {t['target']}: {_num(t['value'], '.2f')} "
+        rows.append(f"  target {t['target']}: {_judged(t)} "
                     f"(bound {t['op']} {t['bound']}) {verdict[t['met']]}")  # fmt: skip
     error = (receipt.get("baseline") or {}).get("error")
     if error:

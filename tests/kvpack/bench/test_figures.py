@@ -144,3 +144,17 @@ def test_a_depth_beyond_the_context_is_a_clear_error(capsys):
     out = capsys.readouterr().out
     assert code == 2
     assert "depth(s) [9000] do not fit tiny" in out and "context of 8192 tokens" in out
+
+
+def test_a_printed_target_never_reads_as_the_other_verdict():
+    """Two places, unless rounding would carry the value across its bound: a miss by
+    0.004 does not print as the bound itself, nor a pass as a miss."""
+    cases = [(0.696, ">=", 0.7, "0.696"), (1.2004, "<=", 1.2, "1.2004"),
+             (0.5049, ">=", 0.5, "0.50"), (0.5961, "<=", 0.6, "0.60"),
+             (0.4996, ">=", 0.5, "0.4996")]  # fmt: skip
+    for value, op, bound, shown in cases:
+        t = {"target": "t", "value": value, "op": op, "bound": bound}
+        t["met"] = value >= bound if op == ">=" else value <= bound
+        text = format_figures({"depth": 256, "figures": {}, "targets": [t]})
+        verdict = "met" if t["met"] else "MISSED"
+        assert f"target t: {shown} (bound {op} {bound}) {verdict}" in text, text

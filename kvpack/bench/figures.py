@@ -101,16 +101,16 @@ def _target(name: str, value: float | None, op: str, bound: float) -> dict[str, 
     return {"target": name, "value": value, "op": op, "bound": bound, "met": met}
 
 
-def _judged(t: Mapping[str, Any]) -> str:
-    """A target's value to two places, or as many more as it takes not to read as the
-    other verdict (0.696 against >= 0.7 prints 0.696, not 0.70)."""
-    value = t["value"]
+def shown(value: float | None, op: str, bound: float, places: int = 2) -> str:
+    """`value` to `places` decimals, or as many more as it takes to print on the same side
+    of `bound` as the value itself (0.696 against >= 0.7 prints 0.696, not 0.70)."""
     if value is None:
         return "-"
-    for places in range(2, 7):
-        shown = f"{value:.{places}f}"
-        if _holds(float(shown), t["op"], t["bound"]) == t["met"]:
-            return shown
+    holds = _holds(value, op, bound)
+    for more in range(places, places + 5):
+        text = f"{value:.{more}f}"
+        if _holds(float(text), op, bound) == holds:
+            return text
     return repr(value)
 
 
@@ -182,7 +182,7 @@ def format_figures(receipt: Mapping[str, Any]) -> str:
         )
     verdict = {True: "met", False: "MISSED", None: "not judged"}
     for t in receipt.get("targets", []):
-        rows.append(f"  target {t['target']}: {_judged(t)} "
+        rows.append(f"  target {t['target']}: {shown(t['value'], t['op'], t['bound'])} "
                     f"(bound {t['op']} {t['bound']}) {verdict[t['met']]}")  # fmt: skip
     error = (receipt.get("baseline") or {}).get("error")
     if error:

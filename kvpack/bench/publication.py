@@ -42,6 +42,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from catalog.models import ChunkRow
+from kvpack.bench.figures import shown
 from kvpack.bench.serve import write_receipt
 from kvpack.config import Settings
 from kvpack.service.service import Completion, CompletionRequest, Service
@@ -267,9 +268,10 @@ def format_table(receipt: dict[str, Any]) -> str:
         chunks = ",".join(f"{s}/{a}/{n}" for s, a, n in d["chunks"])
         lines.append(
             f"{d['depth']:>6} {num(off['prefill_s']):>8}/{num(on['prefill_s']):<8} "
-            f"{num(d['prefill_ratio'], '.3f'):>6} "
+            f"{shown(d['prefill_ratio'], '<=', PREFILL_RATIO_MAX, 3):>6} "
             f"{num(off['decode_tokens_per_s'], '.1f'):>10}/"
-            f"{num(on['decode_tokens_per_s'], '.1f'):<9} {num(d['decode_ratio'], '.3f'):>6} "
+            f"{num(on['decode_tokens_per_s'], '.1f'):<9} "
+            f"{shown(d['decode_ratio'], '>=', DECODE_RATIO_MIN, 3):>6} "
             f"{num(off['cpu_total_s'], '.1f'):>6}/{num(on['cpu_total_s'], '.1f'):<6} "
             f"{num(on['publication_after_s']):>6} {chunks:>18} "
             f"{'yes' if d['valid'] else 'NO'} {'met' if d['target_met'] else 'MISSED'}"

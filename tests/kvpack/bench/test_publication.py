@@ -40,3 +40,21 @@ def test_the_command_names_a_bad_depth(capsys):
     except SystemExit as e:
         assert e.code == 2
     assert "not an integer: 'x'" in capsys.readouterr().err
+
+
+def test_a_ratio_just_past_its_bound_does_not_print_as_the_bound():
+    """1.0504 against the 1.05 prefill bound prints 1.0504, 0.9496 against the 0.95 decode
+    bound 0.9496, beside MISSED; a ratio well inside prints to three places."""
+    leg = {"prefill_s": 10.0, "decode_tokens_per_s": 9.0, "cpu_total_s": 50.0,
+           "publication_after_s": 0.2}  # fmt: skip
+    depth = {"depth": 2048, "on": leg, "off": leg, "chunks": [[9, 0, 9]], "valid": True,
+             "problems": [], "target_met": False}  # fmt: skip
+    for prefill, decode, want in [(1.0504, 0.99, "1.0504"), (1.0, 0.9496, "0.9496")]:
+        receipt = {"depths": [{**depth, "prefill_ratio": prefill, "decode_ratio": decode}],
+                   "path": "r.json"}  # fmt: skip
+        row = format_table(receipt).splitlines()[1]
+        assert want in row and row.endswith("MISSED"), row
+    receipt = {"depths": [{**depth, "prefill_ratio": 1.01234, "decode_ratio": 0.98765}],
+               "path": "r.json"}  # fmt: skip
+    row = format_table(receipt).splitlines()[1]
+    assert " 1.012 " in row and " 0.988 " in row, row

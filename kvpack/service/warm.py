@@ -79,9 +79,9 @@ def _freeze() -> None:
     gc.freeze()
 
 
-def _store(vault: Vault, namespace: str, block_bytes: int) -> None:
+def _store(vault: Vault, namespace: str, size: int) -> None:
     _answered(vault.check_store)
-    vault.warm_reads(namespace, block_bytes)
+    vault.warm_reads(namespace, size)
 
 
 def _catalog(vault: Vault, scope: Scope, tokens: list[int]) -> None:

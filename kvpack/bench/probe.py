@@ -104,21 +104,27 @@ async def raw_get(config: Any, keys: Sequence[str], *, repeats: int = REPEATS) -
     async with session.create_client(
         "s3", config=AioConfig(**config.botocore_options()), **kwargs
     ) as client:
-        gate = asyncio.Semaphore(config.max_concurrency)
-
-        async def one(key: str) -> int:
-            async with gate:
-                resp = await client.get_object(Bucket=config.bucket, Key=key)
-                async with resp["Body"] as body:
-                    return len(await body.read())
-
         runs, nbytes = [], 0
         for _ in range(repeats):
             t0 = time.perf_counter()
-            nbytes = sum(await asyncio.gather(*(one(k) for k in keys)))
+            nbytes = await get_objects(client, config.bucket, keys, config.max_concurrency)
             runs.append(time.perf_counter() - t0)
     return {"seconds": min(runs), "runs_s": runs, "bytes": nbytes, "objects": len(keys),
             "concurrency": config.max_concurrency}  # fmt: skip
+
+
+async def get_objects(client: Any, bucket: str, keys: Sequence[str], concurrency: int) -> int:
+    """One pass of the raw GET: every key read whole with `client` (aiobotocore),
+    `concurrency` in flight; the bytes read."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(key: str) -> int:
+        async with gate:
+            resp = await client.get_object(Bucket=bucket, Key=key)
+            async with resp["Body"] as body:
+                return len(await body.read())
+
+    return sum(await asyncio.gather(*(one(k) for k in keys)))
 
 
 def export(request: dict[str, Any]) -> dict[str, Any]:

@@ -20,8 +20,11 @@
   a restart took 21 and 17 ms against 11 ms for the next; with it 14 ms and 13 ms.
 
 Copies per byte on the read path (store to destination): local directory, 2 — the
-kernel's read into the scratch buffer and the decryption into the destination; S3, 3 —
-the socket read into aiohttp's buffer, its copy into the scratch buffer, the decryption.
+kernel's read into the scratch buffer and the decryption into the destination; S3, 4 —
+the kernel's socket read into a bytes object, aiohttp's HTTP parser copying the body
+out of it, aiobotocore's `readinto` copying that into the scratch buffer (5 where
+aiohttp first joins several buffered pieces), the decryption. Reading the body by
+aiohttp's pieces, which skips the join, used no less CPU (README *Measured here*).
 The re-hash reads the destination once and copies nothing. The engine's own count
 continues in engine/state.py.
 

@@ -27,7 +27,7 @@ any thread (cas ChunkStore.get_into with segments); then `slot.restore(intake,
 prompt=...)` checks every head and swaps the shadow in, once. Nothing is decoded,
 joined or copied after the decryption: copies per byte from the store to the slot are 2
 on a local directory (the kernel's read into cas's scratch buffer, the decryption into
-the slot's cache), 3 on S3 (socket to aiohttp, aiohttp to scratch, decryption).
+the slot's cache), 4 on S3 (two more inside the HTTP client: cas/chunks.py counts them).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/s3_bound.py [--blocks 1,8,31] [--rounds 9]
         [--segments 180] [--segment-kib 64]
 
-Starts a SeaweedFS on loopback (as `kvpack bench` on S3 does), stores --blocks (the
+Starts a SeaweedFS on loopback (as bench_s3_postgres.py does), stores --blocks (the
 largest count) sealed chunks of random bytes shaped like the demo model's blocks (180
 segments of 64 KiB: 11.25 MiB), and then, for each count, alternates `rounds` times:
 

@@ -163,7 +163,8 @@ FIGURES_HEADER = (
 )
 
 
-def _num(v: float | None, fmt: str) -> str:
+def num(v: float | None, fmt: str = ".2f") -> str:
+    """`v` formatted, or "-" when there is none."""
     return "-" if v is None else format(v, fmt)
 
 
@@ -174,11 +175,11 @@ def format_figures(receipt: Mapping[str, Any]) -> str:
         peak = None if f["peak_rss_added"] is None else f["peak_rss_added"] / MB
         rows.append(
             f"{receipt['depth']:>6} {f['leg']:<14} {f['tier'] or '-':<9} "
-            f"{_num(f['ttft_s'], '.3f'):>7} {_num(f['restore_s'], '.3f'):>9} "
-            f"{_num(mb, '.1f'):>7} {_num(f['mb_s'], '.0f'):>7} {_num(f['floor_s'], '.3f'):>7} "
-            f"{_num(f['floor_fraction'], '.2f'):>7} {_num(f['s3_get_s'], '.3f'):>7} "
-            f"{_num(f['s3_get_fraction'], '.2f'):>6} {_num(f['mlx_lm_s'], '.3f'):>8} "
-            f"{_num(f['ttft_vs_mlx_lm'], '.2f'):>8} {_num(peak, '.1f'):>7}"
+            f"{num(f['ttft_s'], '.3f'):>7} {num(f['restore_s'], '.3f'):>9} "
+            f"{num(mb, '.1f'):>7} {num(f['mb_s'], '.0f'):>7} {num(f['floor_s'], '.3f'):>7} "
+            f"{num(f['floor_fraction'], '.2f'):>7} {num(f['s3_get_s'], '.3f'):>7} "
+            f"{num(f['s3_get_fraction'], '.2f'):>6} {num(f['mlx_lm_s'], '.3f'):>8} "
+            f"{num(f['ttft_vs_mlx_lm'], '.2f'):>8} {num(peak, '.1f'):>7}"
         )
     verdict = {True: "met", False: "MISSED", None: "not judged"}
     for t in receipt.get("targets", []):

@@ -42,7 +42,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from catalog.models import ChunkRow
-from kvpack.bench.figures import shown
+from kvpack.bench.figures import num, shown
 from kvpack.bench.serve import write_receipt
 from kvpack.config import Settings
 from kvpack.service.service import Completion, CompletionRequest, Service
@@ -254,10 +254,6 @@ def run(plan: Plan, *, log: Callable[[str], None] = print) -> dict[str, Any]:
 
 def format_table(receipt: dict[str, Any]) -> str:
     """The figures of a receipt as a table, one row per depth."""
-
-    def num(v: float | None, fmt: str = ".2f") -> str:
-        return "-" if v is None else format(v, fmt)
-
     head = (
         f"{'depth':>6} {'prefill s off/on':>17} {'ratio':>6} {'decode tok/s off/on':>20} "
         f"{'ratio':>6} {'CPU s off/on':>13} {'pub s':>6} {'sealed/stored/new':>18} valid target"

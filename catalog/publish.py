@@ -31,9 +31,10 @@ chunks are not all stored (docs/architecture.md, invariant 6). In order:
 load_cut: the manifest object a Cut names (the Cut carries its catalog row's
 facts, so nothing is read from the catalog again), its MAC, then its identity,
 depth, chain, bytes and generation against the row's (open_cut), then every chunk
-verified (load_parts, into one buffer or into buffers the caller gives once it has
-read the manifest). Nothing unverified is returned. A manifest object that is gone is a
-verification failure (ManifestMissing), not an outage: its row promises it.
+verified into one buffer (the engine's reader fetches them into its own buffers
+instead: kvpack/vault.py read_cut). Nothing unverified is returned. A manifest object
+that is gone is a verification failure (ManifestMissing), not an outage: its row
+promises it.
 
 Generation: a hybrid clock per process (wall-clock nanoseconds, bumped to stay
 strictly increasing); it stays below 2**63-1 until the year 2262 and is refused
@@ -45,7 +46,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -54,7 +55,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from cas.chunks import Blob, ChunkRef, ChunkStore, Destination
+from cas.chunks import Blob, ChunkRef, ChunkStore
 from cas.errors import ObjectMissing
 from cas.ids import ChunkId
 from cas.keys import Keyring
@@ -248,32 +249,10 @@ async def load_cut(
     *, chunks: ChunkStore, keyring: Keyring, cut: Cut, identity: IdentityDigest
 ) -> LoadedCut:
     """Fetch and verify a cut: MAC, identity, agreement with its row, then every chunk
-    (open_cut, then load_parts into one buffer)."""
+    (open_cut, then every chunk into one buffer)."""
     sealed = await open_cut(chunks, keyring, cut, identity)
     parts = await _in_one_buffer(chunks, sealed.manifest)
     return LoadedCut(sealed.manifest, parts, sealed.signature)
-
-
-async def load_parts(
-    *,
-    chunks: ChunkStore,
-    manifest: Manifest,
-    into: Sequence[Destination] | Awaitable[Sequence[Destination]] | None = None,
-) -> list[tuple[str, Destination]]:
-    """(role, bytes) of every part of a verified manifest, in its order, each chunk
-    verified. `into`: each part's destination, which its chunk is decrypted straight into
-    — a writable buffer of exactly its size (the engine's part buffers), or segments
-    filled in order (an engine intake's, which are the slot's own cache memory) — or an
-    awaitable of them, while they are still being made (the chunks are fetched
-    meanwhile); allocate MLX destinations on the thread that runs MLX. Without it the
-    parts are views of one buffer."""
-    if into is None:
-        return list(await _in_one_buffer(chunks, manifest))
-    refs = [ChunkRef(p.chunk_id, p.size) for p in manifest.parts]
-    arrived = into if isinstance(into, Sequence) else asyncio.ensure_future(into)
-    await chunks.get_into(refs, arrived)
-    outs = arrived if isinstance(arrived, Sequence) else arrived.result()
-    return [(p.role, area) for p, area in zip(manifest.parts, outs, strict=True)]
 
 
 async def _in_one_buffer(chunks: ChunkStore, manifest: Manifest) -> list[tuple[str, memoryview]]:

@@ -215,6 +215,18 @@ def manifest_chunk_ids(*, session: Session, manifest_id: ManifestId) -> list[str
     )
 
 
+def manifest_chunk_refs(*, session: Session, manifest_id: ManifestId) -> list[tuple[str, int]]:
+    """(chunk id hex, plaintext size) of a manifest's parts, in part order: what a reader
+    may fetch before the manifest object itself has arrived."""
+    rows = session.execute(
+        select(ManifestChunkRow.chunk, ChunkRow.size)
+        .join(ChunkRow, ChunkRow.id == ManifestChunkRow.chunk)
+        .where(ManifestChunkRow.manifest == manifest_id.hex)
+        .order_by(ManifestChunkRow.ordinal)
+    )
+    return [(chunk, size) for chunk, size in rows]
+
+
 # -- publish ---------------------------------------------------------------------------
 
 

@@ -19,7 +19,7 @@
   thread, let the source fill it, then restore it; a source that raises leaves the slot
   as it was. The intake allocates its buffers at the first `destinations` call, which a
   source makes on the calling thread once its fetch is under way: the allocation
-  overlaps the fetch (kvpack/vault.py load_into).
+  overlaps the fetch (kvpack/vault.py read_cut).
 
 Flow: `intake = slot.intake(layout)` on the thread that runs MLX (it gates the layout);
 `intake.destinations(parts)` on that thread too (it allocates); a reader fills them from

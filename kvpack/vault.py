@@ -17,6 +17,12 @@
   connection (PostgreSQL: autocommit, no pre-ping), retried once on a fresh connection
   when the pooled one had died (PostgreSQL restarted, a proxy cut it).
 - readiness: check_catalog and check_store ask each dependency one cheap question.
+- reading a cut (read_cut): the manifest object and the chunks its catalog row lists are
+  fetched at once, so a durable restore waits one store round trip before its bytes
+  flow, not two; the chunks open only into destinations the engine hands over once the
+  manifest verified and named the same chunks. Measured in one process with 20 ms added
+  to every store read (README *Measured here*): 256 tokens on SeaweedFS, manifest and
+  restore 70.7 / 74.0 ms before, 49.1 / 49.8 ms after.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from cas.breaker import DEFAULT_BACKOFF_S, DEFAULT_MAX_BACKOFF_S, Breaker
-from cas.chunks import ChunkStore
+from cas.chunks import ChunkRef, ChunkStore
 from cas.errors import ObjectMissing, StoreUnavailable
 from cas.ids import ChunkId
 from cas.keys import Keyring
@@ -46,12 +52,13 @@ from catalog import ledger, queries
 from catalog.chain import TokenChain
 from catalog.condemn import Condemned, condemn
 from catalog.db import UNREACHABLE, Reader
+from catalog.errors import ManifestInvalid
 from catalog.forget import ForgetReport, Selector, forget
 from catalog.gc import GcReport, collect
 from catalog.ids import IdentityDigest, ManifestId
 from catalog.ledger import PairedTiming
 from catalog.manifest import Manifest, SealedManifest
-from catalog.publish import ChunkTally, LoadedCut, load_cut, load_parts, open_cut, publish
+from catalog.publish import ChunkTally, LoadedCut, load_cut, open_cut, publish
 from catalog.queries import Cut
 from catalog.scope import Scope
 from catalog.signing import MANIFEST_DOMAIN, Bundle, ProducerKeys
@@ -226,33 +233,44 @@ class Vault:
         chunks = self.chunks(namespace)
         self.run(chunks.warm(size, probe_key=READY_PROBE_KEY), READY_PROBE_TIMEOUT_S)
 
-    def load_into(
-        self,
-        manifest: Manifest,
-        scope: Scope,
-        into: Callable[[], Sequence[Sequence[memoryview]]],
-    ) -> None:
-        """Every chunk of a verified manifest fetched concurrently, verified and decrypted
-        straight into the destinations `into()` returns (each part's segments, in manifest
-        order). `into` runs on the calling thread while the chunks are on their way (the
-        engine allocates its intake there), so the fetch overlaps the allocation; what it
-        raises propagates and the fetch is cancelled (it never had the destinations)."""
+    def read_cut(self, cut: Cut, scope: Scope) -> Reading:
+        """The cut's manifest opened and verified as open_cut does, while its chunks, as
+        the catalog lists them, are already on their way into scratch buffers: the reader
+        pays one store round trip, not the manifest's and then the chunks'. A manifest
+        whose parts are not the catalog's list is ManifestInvalid (the row and the object
+        disagree). Hand the destinations to `Reading.into`, or `cancel` it."""
+        chunks = self.chunks(scope.namespace)
+        deadline = time.monotonic() + self.timeout_s
+        opening = self.io.start(open_cut(chunks, self.keyring, cut, scope.identity))
+        try:
+            listed = self.read(
+                lambda s: queries.manifest_chunk_refs(session=s, manifest_id=cut.manifest_id)
+            )
+            refs = [ChunkRef(ChunkId.from_hex(c), size) for c, size in listed]
+        except BaseException:
+            opening.cancel()
+            raise
         made: Future[Sequence[Sequence[memoryview]]] = Future()
 
         async def destinations() -> Sequence[Sequence[memoryview]]:
-            return await asyncio.wrap_future(made)
+            # Bounded, so a reading nobody fills lets go of its scratch buffers.
+            remaining = max(0.0, deadline - time.monotonic())
+            return await asyncio.wait_for(asyncio.wrap_future(made), remaining)
 
-        chunks = self.chunks(scope.namespace)
-        deadline = time.monotonic() + self.timeout_s
-        loading = self.io.start(load_parts(chunks=chunks, manifest=manifest, into=destinations()))
+        loading = self.io.start(chunks.get_into(refs, destinations()))
+        reading = Reading(self.io, loading, made, deadline)
         try:
-            outs = into()
+            sealed = self.io.wait(opening, max(0.0, deadline - time.monotonic()))
+            parts = [(p.chunk_id, p.size) for p in sealed.manifest.parts]
+            if parts != [(r.id, r.size) for r in refs]:
+                raise ManifestInvalid(
+                    f"manifest object {cut.object_key} does not list its catalog row's chunks"
+                )
         except BaseException:
-            loading.cancel()
+            reading.cancel()
             raise
-        if made.set_running_or_notify_cancel():  # False: the fetch failed and gave up on it
-            made.set_result(outs)
-        self.io.wait(loading, max(0.0, deadline - time.monotonic()))
+        reading.manifest = sealed.manifest
+        return reading
 
     def publish(
         self,
@@ -371,6 +389,40 @@ class Vault:
         finally:
             self.io.close()
             self.db.dispose()
+
+
+class Reading:
+    """A verified manifest whose chunks are on their way (Vault.read_cut): `into` hands
+    them their destinations and waits for every chunk, verified and decrypted there."""
+
+    manifest: Manifest  # set by read_cut once it is verified
+
+    def __init__(
+        self,
+        io: IoLoop,
+        loading: Future[None],
+        made: Future[Sequence[Sequence[memoryview]]],
+        deadline: float,
+    ) -> None:
+        self._io, self._loading, self._made, self._deadline = io, loading, made, deadline
+
+    def into(self, destinations: Callable[[], Sequence[Sequence[memoryview]]]) -> None:
+        """`destinations()` (each part's segments, in manifest order) runs on the calling
+        thread while the chunks land (the engine allocates its intake there); what it
+        raises propagates and the fetch is cancelled (it never had the destinations)."""
+        try:
+            outs = destinations()
+        except BaseException:
+            self.cancel()
+            raise
+        if self._made.set_running_or_notify_cancel():  # False: the fetch failed and gave up
+            self._made.set_result(outs)
+        self._io.wait(self._loading, max(0.0, self._deadline - time.monotonic()))
+
+    def cancel(self) -> None:
+        """Stop the fetch if no destinations were handed over (else a no-op)."""
+        if not self._made.done():
+            self._loading.cancel()
 
 
 def _breaker(breaker: Breaker) -> dict[str, Any]:

@@ -13,7 +13,7 @@ Words:
   the install reads straight into the slot's own buffers (the durable tier's). kvpack
   never decodes any of them; every installer (a slot's restore, mlx-lm caches) takes all
   three. A reader tells after the install what it became (`installed`), which is what a
-  cache holds.
+  cache holds, and is closed after it (a read no install took stops fetching).
 - verification failure: the state was refused by a check (a seal, a digest, a MAC, a
   signature, the engine's gate): counted, and the ladder falls through (invariant 9).
 - outage: the tier could not answer (store or catalog unreachable, a timeout): the
@@ -111,6 +111,10 @@ class Reader(Source, Protocol):
         """The Snapshot an install restored this reader as; None before one did."""
         ...
 
+    def close(self) -> None:
+        """Let go of a read no install took (its fetch under way); a no-op after one."""
+        ...
+
 
 Cut = Snapshot | Planes | Reader
 
@@ -125,6 +129,11 @@ class Loaded:
         """What a cache may hold once the cut was installed: the cut itself, or the
         Snapshot a reader was restored as (None when it never was)."""
         return self.cut.installed if isinstance(self.cut, Reader) else self.cut
+
+    def close(self) -> None:
+        """After the install, taken or not: a reader lets go of what it still holds."""
+        if isinstance(self.cut, Reader):
+            self.cut.close()
 
 
 class Tier(Protocol):

@@ -1,19 +1,23 @@
 """The durable tier: the vault's catalog and object store, the sole authority.
 
 - find: one `find_deepest` query (catalog/queries.py) over the ask's token chain. Its
-  answer carries the catalog row's facts, so load needs no second catalog read.
+  answer carries the catalog row's facts, so load reads the catalog once more only for
+  the row's chunk list, while the manifest is on its way.
 - load: the manifest object, its MAC and its agreement with the row (catalog/publish.py
-  open_cut); what it returns is a reader (CutReader), not yet the bytes.
+  open_cut), while the chunks the catalog lists for the row are already being fetched
+  (kvpack/vault.py read_cut: one store round trip before the bytes flow, not two); a
+  manifest that lists other chunks than its row is refused. What load returns is a
+  reader (CutReader), not yet the bytes.
 - reader: a verified manifest as an engine Source (engine/intake.py). The installer makes
   the intake for the manifest's layout on the thread that runs MLX — the shadow caches
-  the cut becomes — and the reader fetches every chunk concurrently, tag-verified,
-  decrypted straight into the intake's destinations and re-hashed (catalog/publish.py
-  load_parts with `into`); the fetch starts first and the intake allocates those
-  destinations meanwhile (kvpack/vault.py load_into). Nothing is decoded, joined or
-  copied after the decryption, and kvpack never decodes the parts. A fetch that fails
-  or a chunk that does not verify raises out of the install before the swap: the slot
-  keeps what it had, and the ladder falls through (an outage uncounted; a verification
-  failure counted and condemned).
+  the cut becomes — and hands the reader its destinations: every chunk, fetched
+  concurrently into scratch buffers meanwhile, is tag-verified, decrypted straight into
+  them and re-hashed (cas ChunkStore.get_into). Nothing is decoded, joined or copied
+  after the decryption, and kvpack never decodes the parts. A fetch that fails or a
+  chunk that does not verify raises out of the install before the swap: the slot keeps
+  what it had, and the ladder falls through (an outage uncounted; a verification
+  failure counted and condemned). A reader no install filled is closed by the ladder,
+  which stops its fetch.
   After a restore, `installed` is the Snapshot it became (views of the restored caches,
   each part with its verified frame digest): what the ladder promotes into the caches.
 - served: the cut's catalog row is stamped as hit, off the response path (GC evicts the
@@ -35,7 +39,6 @@ from typing import Any
 
 from catalog.condemn import broken_chunk, kind_of
 from catalog.ids import IdentityDigest
-from catalog.manifest import Manifest
 from catalog.queries import Cut
 from catalog.scope import Scope
 from engine.errors import RestoreRefused
@@ -44,22 +47,24 @@ from engine.state import Snapshot
 from kvpack.accounting.counters import Accounting
 from kvpack.background import Background
 from kvpack.tiers.base import OUTAGES, Ask, Candidate, Loaded, TierName
-from kvpack.vault import Vault
+from kvpack.vault import Reading, Vault
 
 log = logging.getLogger(__name__)
 
 
 class CutReader:
-    """A durable cut whose manifest is verified, read into an intake on demand (a Source)."""
+    """A durable cut whose manifest is verified and whose chunks are on their way, read
+    into an intake on demand (a Source)."""
 
-    def __init__(self, vault: Vault, scope: Scope, manifest: Manifest) -> None:
-        self.vault, self.scope, self.manifest = vault, scope, manifest
+    def __init__(self, reading: Reading) -> None:
+        self.reading, self.manifest = reading, reading.manifest
         self._intake: Intake | None = None
 
     @classmethod
     def open(cls, vault: Vault, cut: Cut, scope: Scope) -> CutReader:
-        """The reader of a catalog cut: its manifest opened and checked against the row."""
-        return cls(vault, scope, vault.open_cut(cut, scope).manifest)
+        """The reader of a catalog cut: its manifest opened and checked against the row,
+        its chunks already fetched meanwhile (kvpack/vault.py read_cut)."""
+        return cls(vault.read_cut(cut, scope))
 
     @property
     def layout(self) -> Mapping[str, Any]:
@@ -74,8 +79,12 @@ class CutReader:
         way while the intake allocates them; raises cas's typed errors (or a TimeoutError)
         with the intake half-filled and unusable."""
         parts = [(p.role, p.size) for p in self.manifest.parts]
-        self.vault.load_into(self.manifest, self.scope, lambda: intake.destinations(parts))
+        self.reading.into(lambda: intake.destinations(parts))
         self._intake = intake
+
+    def close(self) -> None:
+        """Stop the fetch of a reader no install filled (a refused layout, say)."""
+        self.reading.cancel()
 
     @property
     def installed(self) -> Snapshot | None:

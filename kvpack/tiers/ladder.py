@@ -147,15 +147,18 @@ class Ladder:
         started = time.perf_counter()
         try:
             loaded = tier.load(candidate, ask)
-            result, receipt = commit_restore(
-                lambda: install(loaded.cut),
-                tier=tier.name,
-                depth=candidate.depth,
-                manifest_bytes=loaded.manifest_bytes,
-                estimated_bytes=loaded.estimated_bytes,
-                namespace=ask.scope.namespace,
-                started_at=started,
-            )
+            try:
+                result, receipt = commit_restore(
+                    lambda: install(loaded.cut),
+                    tier=tier.name,
+                    depth=candidate.depth,
+                    manifest_bytes=loaded.manifest_bytes,
+                    estimated_bytes=loaded.estimated_bytes,
+                    namespace=ask.scope.namespace,
+                    started_at=started,
+                )
+            finally:
+                loaded.close()
         except VERIFICATION_FAILURES as e:
             log.warning(
                 "%s cut at depth %d refused, recomputing: %s", tier.name, candidate.depth, e

@@ -16,7 +16,7 @@ from catalog.condemn import condemn
 from catalog.errors import ManifestInvalid, ManifestMissing, StaleGeneration
 from catalog.manifest import Manifest, open_manifest, seal_manifest
 from catalog.models import ChunkRow, ManifestChunkRow, ManifestRow
-from catalog.publish import ChunkTally, load_parts, open_cut
+from catalog.publish import ChunkTally
 from tests.catalog.helpers import ALICE, BOB, do_publish, find, load_of, payloads, tokens
 
 
@@ -44,30 +44,6 @@ def test_publish_then_find_and_load(aio, chunk_store, db_engine):
     with Session(db_engine) as s:
         rows = s.execute(select(ManifestChunkRow.role).order_by(ManifestChunkRow.ordinal)).all()
         assert [r.role for r in rows] == [r for r, _ in parts]
-
-
-def test_load_parts_into_the_callers_buffers(aio, chunk_store, db_engine):
-    """open_cut then load_parts(into=...): each part is decrypted straight into the buffer
-    (or the segments) given for it, in manifest order — the returned views are those very
-    buffers."""
-    h, parts = tokens(2, 300), payloads(2, size=700)
-    aio.run(do_publish(chunk_store, db_engine, h, parts))
-    cut = find(db_engine, h)
-    sealed = aio.run(
-        open_cut(chunks=chunk_store, keyring=chunk_store.keyring, cut=cut, identity=ALICE)
-    )
-    given = [bytearray(p.size) for p in sealed.manifest.parts]
-    assert [len(b) for b in given] == [len(p) for _, p in parts]
-    into = [memoryview(b) for b in given]
-    got = aio.run(load_parts(chunks=chunk_store, manifest=sealed.manifest, into=into))
-    assert [r for r, _ in got] == [r for r, _ in parts]
-    assert all(v.obj is b for (_, v), b in zip(got, given, strict=True))
-    assert [bytes(b) for b in given] == [p for _, p in parts]
-    # Segments: the first part in two pieces of one buffer, filled in order.
-    pieces = memoryview(bytearray(len(parts[0][1])))
-    into = [[pieces[:300], pieces[300:]], *into[1:]]
-    aio.run(load_parts(chunks=chunk_store, manifest=sealed.manifest, into=into))
-    assert pieces.tobytes() == parts[0][1]
 
 
 def test_same_history_twice_is_one_manifest(aio, chunk_store, db_engine):

@@ -15,11 +15,13 @@ from types import SimpleNamespace
 import mlx.core as mx
 import numpy as np
 import pytest
+from sqlalchemy import select
 
 import engine.codec as codec
 from cas.errors import StoreUnavailable
+from catalog.models import ManifestChunkRow
 from engine.codec import frame
-from engine.errors import PlanesInvalid
+from engine.errors import PlanesInvalid, RestoreRefused
 from engine.format import encode
 from kvpack.config import Settings
 from kvpack.service.service import Completion, CompletionRequest, Service
@@ -71,7 +73,9 @@ def test_cold_durable_and_promoted_resident_are_bit_identical(
     scope = svc.tenant("default").scope
     found = svc.durable.find(Ask.of(scope, tokens))
     assert found is not None and found.depth == depth
-    assert isinstance(svc.durable.load(found, Ask.of(scope, tokens)).cut, CutReader)
+    loaded = svc.durable.load(found, Ask.of(scope, tokens))
+    assert isinstance(loaded.cut, CutReader)
+    loaded.close()  # not installed here: its fetch stops
     durable = ask(svc, tokens)
     assert (durable.tier, durable.cached_tokens) == ("durable", depth)
     assert svc.flush(30)
@@ -330,6 +334,92 @@ def test_an_intake_that_cannot_allocate_stops_the_fetch(settings, open_service):
         store.delay = 0.0
         slot.restore(reader_of(svc, P), prompt=P)
         assert list(slot.tokens) == P
+
+
+class SlowManifests(Watched):
+    """Manifest objects that take `manifest_delay` seconds to arrive, each arrival
+    recorded (time.monotonic), besides Watched's chunk reads (their first start, too)."""
+
+    def __init__(self, inner, delay: float = 0.0, manifest_delay: float = 0.3) -> None:
+        super().__init__(inner, delay)
+        self.manifest_delay, self.manifests_at, self.chunk_started_at = manifest_delay, [], []
+
+    async def get(self, key: str) -> bytes:
+        data = await self.inner.get(key)
+        if key.startswith("manifests/"):
+            await asyncio.sleep(self.manifest_delay)
+            self.manifests_at.append(time.monotonic())
+        return data
+
+    async def get_into(self, key: str, out: memoryview) -> int:
+        if "chunks/" in key:
+            self.chunk_started_at.append(time.monotonic())
+        return await super().get_into(key, out)
+
+
+def test_the_chunks_are_fetched_while_the_manifest_is_on_its_way(settings, open_service):
+    """A durable load fetches the chunks its catalog row lists while the manifest object
+    is still arriving (0.3 s late here): as many chunk reads as may be in flight have
+    begun before the manifest came back, and the restore commits the whole prompt."""
+    with over_wrapped(settings, open_service, SlowManifests) as (svc, store, cold):
+        slot = svc.tenant("default").pool.slot(0)
+        store.chunk_started_at.clear()
+        again = ask(svc, P)
+        assert (again.tier, again.cached_tokens, answer(again)) == ("durable", len(P), answer(cold))
+        assert len(store.manifests_at) == 1 and len(store.chunk_started_at) >= 2
+        ahead = sum(t < store.manifests_at[0] for t in store.chunk_started_at)
+        in_flight = svc.vault.chunks("default").max_concurrency
+        assert ahead == min(in_flight, len(store.chunk_started_at))
+        assert list(slot.tokens)[: len(P)] == P
+
+
+def test_a_manifest_that_lists_other_chunks_than_its_row_is_refused(settings, open_service):
+    """Branch: the catalog's chunk list for a cut (what the reader fetches ahead) names
+    the manifest's chunks in another order. The manifest verifies, but the reader refuses
+    it before any chunk is opened: a verification failure, the cut condemned, the slot
+    never half-written, and the next request answers the cold answer without it."""
+    with over_wrapped(settings, open_service, Watched) as (svc, _, cold):
+        scope = svc.tenant("default").scope
+        cut = svc.vault.find(scope, scope.chain(P))
+        assert cut is not None and cut.depth == len(P)
+        with svc.vault.transaction() as s:
+            rows = s.scalars(
+                select(ManifestChunkRow)
+                .where(ManifestChunkRow.manifest == cut.manifest_id.hex)
+                .order_by(ManifestChunkRow.ordinal)
+            ).all()
+            assert len(rows) >= 2
+            rows[0].chunk, rows[1].chunk = rows[1].chunk, rows[0].chunk
+        slot = svc.tenant("default").pool.slot(0)
+        ask(svc, Q)
+        before = slot.state
+        request = Ask.of(scope, P)
+        assert svc.ladder.restore(request, lambda c: slot.restore(c, prompt=P)) is None
+        assert slot.state is before
+        assert svc.accounting.total("kvpack_verification_failures_total") == 1
+        assert svc.accounting.total("kvpack_condemned_cuts_total") >= 1
+        again = ask(svc, P)  # from the aligned cut below it, which still serves
+        assert again.cached_tokens < len(P) and answer(again) == answer(cold)
+        assert svc.flush(30)
+
+
+def test_a_reader_no_install_took_stops_its_fetch(settings, open_service):
+    """Branch: the install refuses the cut before it asks for destinations (here: it
+    raises at once). The ladder closes the reader: the chunk reads in flight (5 s each)
+    are cancelled at once instead of holding their scratch buffers, and the next restore
+    works."""
+    with over_wrapped(settings, open_service, lambda s: Watched(s, 5.0)) as (svc, store, _):
+        request = Ask.of(svc.tenant("default").scope, P)
+
+        def refuse(cut):
+            assert store.started.wait(10), "no chunk read began"
+            raise RestoreRefused("made to refuse")
+
+        started = time.monotonic()
+        assert svc.ladder.restore(request, refuse) is None
+        while store.flying and time.monotonic() < started + 2.0:
+            time.sleep(0.01)
+        assert store.flying == 0 and time.monotonic() - started < 2.0
 
 
 def test_the_mlx_cache_limit_setting_is_applied_when_a_service_opens(tmp_path, open_service):

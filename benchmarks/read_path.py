@@ -38,20 +38,28 @@ from kvpack.tiers.base import Ask
 from kvpack.tiers.durable import CutReader
 
 
-def options(doc: str, *, rounds: int) -> argparse.Namespace:
-    """The read-path benchmarks' options (this one's and restore_phases.py's)."""
+def options(
+    doc: str, *, rounds: int, more: Callable[[argparse.ArgumentParser], None] | None = None
+) -> argparse.Namespace:
+    """The read-path benchmarks' options (this one's and restore_phases.py's, which adds
+    its own with `more`)."""
     args = argparse.ArgumentParser(description=doc.splitlines()[0])
     args.add_argument("--model", default="smollm2")
     args.add_argument("--depth", type=int, default=2048)
     args.add_argument("--rounds", type=int, default=rounds)
     args.add_argument("--mlx-cache-limit", help="the mlx_cache_limit setting (unset: MLX's)")
+    if more is not None:
+        more(args)
     return args.parse_args()
 
 
-def vault_settings(tmp: str, opts: argparse.Namespace) -> Settings:
-    """An embedded vault in `tmp`, with the options' MLX cache limit."""
+def vault_settings(
+    tmp: str, opts: argparse.Namespace, env: dict[str, str] | None = None
+) -> Settings:
+    """A vault in `tmp` (embedded, unless `env` names a store), with the options' MLX
+    cache limit."""
     limit = {"mlx_cache_limit": opts.mlx_cache_limit} if opts.mlx_cache_limit else {}
-    return Settings.load(data_dir=Path(tmp) / "vault", env={}, **limit)
+    return Settings.load(data_dir=Path(tmp) / "vault", env=env or {}, **limit)
 
 
 def publish_prompt(svc: Service, depth: int) -> list[int]:

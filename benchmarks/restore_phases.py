@@ -1,22 +1,29 @@
 """Where a durable restore's time goes: its phases, timed one by one.
 
     .venv/bin/python benchmarks/restore_phases.py [--model smollm2] [--depth 2048]
-        [--rounds 6] [--mlx-cache-limit 2GiB]
+        [--rounds 6] [--mlx-cache-limit 2GiB] [--s3] [--latency-ms 20]
 
-Publishes the exact cut of a `depth`-token prompt (read_path.py's) into a fresh
-embedded vault (local directory + SQLite, in a temporary folder), opens a new Service on
-it (an empty resident tier), then restores the cut into a slot `rounds` times through
-the durable tier's reader, timing each phase: find (the catalog query), manifest (open
-and verify it), intake (allocate the shadow caches the cut becomes), fill (every chunk
-read, opened and re-hashed straight into them) and commit (heads checked, the swap, the
-caches evaluated). Prints the first round (fresh memory) and the median of the rest.
+Publishes the exact cut of a `depth`-token prompt (read_path.py's) into a fresh vault in
+a temporary folder (SQLite, and a local directory or, with --s3, a SeaweedFS started
+here), opens a new Service on it (an empty resident tier), then restores the cut into a
+slot `rounds` times through the durable tier's reader, timing each phase: find (the
+catalog query), manifest (open and verify it, the chunks already on their way), intake
+(allocate the shadow caches the cut becomes), fill (every chunk read, opened and
+re-hashed straight into them) and commit (heads checked, the swap, the caches
+evaluated). --latency-ms adds that much to every read of the restoring service's store,
+as a store across a network would (a wrapper around the real store). Prints the first
+round (fresh memory) and the median of the rest.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import statistics
 import tempfile
 import time
+from pathlib import Path
+from typing import Any
 
 import engine  # noqa: F401 - first: it loads the fast BLAS before mlx.core
 
@@ -24,34 +31,79 @@ import engine  # noqa: F401 - first: it loads the fast BLAS before mlx.core
 import mlx.core as mx
 from read_path import options, publish_prompt, vault_settings  # beside this file
 
+from cas.s3 import ensure_bucket
+from kvpack.bench.seaweedfs import start_seaweedfs
 from kvpack.service.service import Service
 from kvpack.tiers.durable import CutReader
+from kvpack.vault import Vault
 
 PHASES = ("find", "manifest", "intake", "fill", "commit")
 
 
 def main() -> None:
-    opts = options(__doc__, rounds=6)
-    with tempfile.TemporaryDirectory() as tmp:
-        settings = vault_settings(tmp, opts)
+    opts = options(__doc__, rounds=6, more=_more)
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        env = None
+        if opts.s3:
+            server = stack.enter_context(start_seaweedfs(Path(tmp) / "s3"))
+            env = server.s3.env() | {"KVPACK_STORE_URL": "s3://phases/vault"}
+        settings = vault_settings(tmp, opts, env)
+        if opts.s3:
+            ensure_bucket(settings.s3_config())
         with_cut = Service.open(settings, model=opts.model)
         try:
             tokens = publish_prompt(with_cut, opts.depth)
         finally:
             with_cut.close()
-        svc = Service.open(settings, model=opts.model)
+        vault = Vault(
+            db=settings.make_engine(),
+            objects=Delayed(settings.open_store(), opts.latency_ms / 1000),
+            keyring=settings.keyring(),
+            producer_keys=settings.producer_keys(),
+        )
+        svc = Service.open(settings, model=opts.model, vault=vault)
         try:
             rounds, mb = restore(svc, tokens, opts.rounds)
         finally:
             svc.close()
+            vault.close()
     limit = opts.mlx_cache_limit or "-"
-    print(f"model {opts.model}, depth {opts.depth}, {mb:.1f} MB, mlx_cache_limit {limit}")
+    store = "SeaweedFS" if opts.s3 else "local dir"
+    print(f"model {opts.model}, depth {opts.depth}, {mb:.1f} MB, {store}, "
+          f"+{opts.latency_ms:g} ms a read, mlx_cache_limit {limit}")  # fmt: skip
     print(f"{'':12s}" + "".join(f"{p:>10s}" for p in (*PHASES, "total")) + "      MB/s")
     rest = [statistics.median(column) for column in zip(*rounds[1:], strict=True)]
     for name, row in (("first", rounds[0]), ("median rest", rest)):
         total = sum(row)
         cells = "".join(f"{1000 * s:8.1f}ms" for s in (*row, total))
         print(f"{name:12s}{cells}{mb / total:10.0f}")
+
+
+def _more(args: Any) -> None:
+    args.add_argument("--s3", action="store_true", help="a SeaweedFS started here")
+    args.add_argument("--latency-ms", type=float, default=0.0, help="added to every read")
+
+
+class Delayed:
+    """The real store, every read (get, get_into, stat) `delay` seconds later."""
+
+    def __init__(self, inner: Any, delay: float) -> None:
+        self.inner, self.delay = inner, delay
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def get(self, key: str) -> bytes:
+        await asyncio.sleep(self.delay)
+        return await self.inner.get(key)
+
+    async def get_into(self, key: str, out: memoryview) -> int:
+        await asyncio.sleep(self.delay)
+        return await self.inner.get_into(key, out)
+
+    async def stat(self, key: str) -> Any:
+        await asyncio.sleep(self.delay)
+        return await self.inner.stat(key)
 
 
 def restore(svc: Service, tokens: list[int], rounds: int) -> tuple[list[list[float]], float]:

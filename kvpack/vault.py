@@ -20,9 +20,10 @@
 - reading a cut (read_cut): the manifest object and the chunks its catalog row lists are
   fetched at once, so a durable restore waits one store round trip before its bytes
   flow, not two; the chunks open only into destinations the engine hands over once the
-  manifest verified and named the same chunks. Measured in one process with 20 ms added
-  to every store read (README *Measured here*): 256 tokens on SeaweedFS, manifest and
-  restore 70.7 / 74.0 ms before, 49.1 / 49.8 ms after.
+  manifest verified and named the same chunks. Measured (`benchmarks/restore_phases.py
+  --depth 256 --s3 --latency-ms 20`: SeaweedFS, 20 ms added to every store read), a
+  restore's phases took 72.9 / 74.9 ms before, 47.8 / 49.1 ms after; on loopback without
+  the delay, within the noise (README *Measured here*).
 """
 
 from __future__ import annotations

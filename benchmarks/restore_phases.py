@@ -89,6 +89,7 @@ class Delayed:
 
     def __init__(self, inner: Any, delay: float) -> None:
         self.inner, self.delay = inner, delay
+        self.remote = inner.remote or delay > 0  # a delayed store is across a network
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

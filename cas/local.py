@@ -25,6 +25,8 @@ TEMP_PREFIX = ".tmp-"
 
 
 class LocalDirStore:
+    remote = False
+
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root)
 

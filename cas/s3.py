@@ -219,6 +219,8 @@ class S3Store:
     """ObjectStore on an S3 bucket. `wrap_client` lets tests put a fault injector around
     the real aiobotocore client (restic-style wrappers), below the retrying door."""
 
+    remote = True
+
     def __init__(self, config: S3Config, *, wrap_client: Callable[[Any], Any] | None = None):
         self.config = config
         self._prefix = config.key_prefix

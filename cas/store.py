@@ -27,6 +27,10 @@ class ObjectInfo:
 class ObjectStore(Protocol):
     """Raw immutable objects; one implementation per backend."""
 
+    # Whether each read crosses a network: a round trip worth hiding behind other reads
+    # (a reader then fetches chunks while their manifest is on its way, kvpack/vault.py).
+    remote: bool
+
     async def put_if_absent(self, key: str, data: bytes | bytearray | memoryview) -> bool:
         """Store `data` under `key` unless an object is there: True created, False existed."""
         ...

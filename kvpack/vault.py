@@ -17,13 +17,15 @@
   connection (PostgreSQL: autocommit, no pre-ping), retried once on a fresh connection
   when the pooled one had died (PostgreSQL restarted, a proxy cut it).
 - readiness: check_catalog and check_store ask each dependency one cheap question.
-- reading a cut (read_cut): the manifest object and the chunks its catalog row lists are
-  fetched at once, so a durable restore waits one store round trip before its bytes
-  flow, not two; the chunks open only into destinations the engine hands over once the
-  manifest verified and named the same chunks. Measured (`benchmarks/restore_phases.py
-  --depth 256 --s3 --latency-ms 20`: SeaweedFS, 20 ms added to every store read), a
-  restore's phases took 72.9 / 74.9 ms before, 47.8 / 49.1 ms after; on loopback without
-  the delay, within the noise (README *Measured here*).
+- reading a cut (read_cut): from a remote store, the manifest object and the chunks its
+  catalog row lists are fetched at once, so a durable restore waits one round trip
+  before its bytes flow, not two; the chunks open only into destinations the engine
+  hands over once the manifest verified and named the same chunks. Measured
+  (`benchmarks/restore_phases.py --depth 256 --s3 --latency-ms 20`: SeaweedFS, 20 ms
+  added to every store read), a restore's phases took 72.9 / 74.9 ms before, 47.8 /
+  49.1 ms after; on loopback without the delay, within the noise. On a local directory
+  early reads only slowed the manifest's open (2,048 tokens: 0.7–0.8 → 3.4–6.1 ms), so
+  there the chunks follow it.
 """
 
 from __future__ import annotations
@@ -235,43 +237,40 @@ class Vault:
         self.run(chunks.warm(size, probe_key=READY_PROBE_KEY), READY_PROBE_TIMEOUT_S)
 
     def read_cut(self, cut: Cut, scope: Scope) -> Reading:
-        """The cut's manifest opened and verified as open_cut does, while its chunks, as
-        the catalog lists them, are already on their way into scratch buffers: the reader
-        pays one store round trip, not the manifest's and then the chunks'. A manifest
-        whose parts are not the catalog's list is ManifestInvalid (the row and the object
-        disagree). Hand the destinations to `Reading.into`, or `cancel` it."""
+        """The cut's manifest opened and verified as open_cut does, and its chunks on
+        their way into scratch buffers. From a remote store they are fetched as the
+        catalog lists them while the manifest is still arriving, so the reader pays one
+        round trip, not the manifest's and then the chunks' (a manifest whose parts are
+        not that list is ManifestInvalid: the row and the object disagree); from a local
+        one, once the manifest named them, since early reads there only compete with the
+        manifest's open. Hand the destinations to `Reading.into`, or `cancel` it."""
         chunks = self.chunks(scope.namespace)
         deadline = time.monotonic() + self.timeout_s
         opening = self.io.start(open_cut(chunks, self.keyring, cut, scope.identity))
+        early: Reading | None = None
         try:
-            listed = self.read(
-                lambda s: queries.manifest_chunk_refs(session=s, manifest_id=cut.manifest_id)
-            )
-            refs = [ChunkRef(ChunkId.from_hex(c), size) for c, size in listed]
-        except BaseException:
-            opening.cancel()
-            raise
-        made: Future[Sequence[Sequence[memoryview]]] = Future()
-
-        async def destinations() -> Sequence[Sequence[memoryview]]:
-            # Bounded, so a reading nobody fills lets go of its scratch buffers.
-            remaining = max(0.0, deadline - time.monotonic())
-            return await asyncio.wait_for(asyncio.wrap_future(made), remaining)
-
-        loading = self.io.start(chunks.get_into(refs, destinations()))
-        reading = Reading(self.io, loading, made, deadline)
-        try:
+            if chunks.objects.remote:
+                early = Reading.start(self.io, chunks, self._listed_chunks(cut), deadline)
             sealed = self.io.wait(opening, max(0.0, deadline - time.monotonic()))
-            parts = [(p.chunk_id, p.size) for p in sealed.manifest.parts]
-            if parts != [(r.id, r.size) for r in refs]:
+            refs = [ChunkRef(p.chunk_id, p.size) for p in sealed.manifest.parts]
+            if early is not None and early.refs != refs:
                 raise ManifestInvalid(
                     f"manifest object {cut.object_key} does not list its catalog row's chunks"
                 )
         except BaseException:
-            reading.cancel()
+            opening.cancel()
+            if early is not None:
+                early.cancel()
             raise
+        reading = early or Reading.start(self.io, chunks, refs, deadline)
         reading.manifest = sealed.manifest
         return reading
+
+    def _listed_chunks(self, cut: Cut) -> list[ChunkRef]:
+        listed = self.read(
+            lambda s: queries.manifest_chunk_refs(session=s, manifest_id=cut.manifest_id)
+        )
+        return [ChunkRef(ChunkId.from_hex(c), size) for c, size in listed]
 
     def publish(
         self,
@@ -393,19 +392,36 @@ class Vault:
 
 
 class Reading:
-    """A verified manifest whose chunks are on their way (Vault.read_cut): `into` hands
-    them their destinations and waits for every chunk, verified and decrypted there."""
+    """Chunks on their way into destinations still to be made (Vault.read_cut), for the
+    verified `manifest`: `into` hands them their destinations and waits for every chunk,
+    verified and decrypted there."""
 
     manifest: Manifest  # set by read_cut once it is verified
 
     def __init__(
         self,
         io: IoLoop,
+        refs: list[ChunkRef],
         loading: Future[None],
         made: Future[Sequence[Sequence[memoryview]]],
         deadline: float,
     ) -> None:
+        self.refs = refs
         self._io, self._loading, self._made, self._deadline = io, loading, made, deadline
+
+    @classmethod
+    def start(
+        cls, io: IoLoop, chunks: ChunkStore, refs: list[ChunkRef], deadline: float
+    ) -> Reading:
+        """Every chunk of `refs` fetched on `io`'s loop, opened once `into` has run."""
+        made: Future[Sequence[Sequence[memoryview]]] = Future()
+
+        async def destinations() -> Sequence[Sequence[memoryview]]:
+            # Bounded, so a reading nobody fills lets go of its scratch buffers.
+            remaining = max(0.0, deadline - time.monotonic())
+            return await asyncio.wait_for(asyncio.wrap_future(made), remaining)
+
+        return cls(io, refs, io.start(chunks.get_into(refs, destinations())), made, deadline)
 
     def into(self, destinations: Callable[[], Sequence[Sequence[memoryview]]]) -> None:
         """`destinations()` (each part's segments, in manifest order) runs on the calling

@@ -13,6 +13,7 @@ from cas.store import ObjectInfo, ObjectStore
 class Wrapper:
     def __init__(self, inner: ObjectStore) -> None:
         self.inner = inner
+        self.remote = inner.remote
 
     async def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
         return await self.inner.put_if_absent(key, data)

@@ -1,13 +1,13 @@
 """The durable tier: the vault's catalog and object store, the sole authority.
 
 - find: one `find_deepest` query (catalog/queries.py) over the ask's token chain. Its
-  answer carries the catalog row's facts, so load reads the catalog once more only for
-  the row's chunk list, while the manifest is on its way.
+  answer carries the catalog row's facts, so load reads the catalog again only for the
+  row's chunk list, from a remote store, while the manifest is on its way.
 - load: the manifest object, its MAC and its agreement with the row (catalog/publish.py
-  open_cut), while the chunks the catalog lists for the row are already being fetched
-  (kvpack/vault.py read_cut: one store round trip before the bytes flow, not two); a
-  manifest that lists other chunks than its row is refused. What load returns is a
-  reader (CutReader), not yet the bytes.
+  open_cut), with the chunks' fetch started (kvpack/vault.py read_cut: from a remote
+  store at once, as the catalog lists them, so one round trip comes before the bytes
+  flow, not two; a manifest that lists other chunks than its row is refused). What load
+  returns is a reader (CutReader), not yet the bytes.
 - reader: a verified manifest as an engine Source (engine/intake.py). The installer makes
   the intake for the manifest's layout on the thread that runs MLX — the shadow caches
   the cut becomes — and hands the reader its destinations: every chunk, fetched

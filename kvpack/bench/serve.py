@@ -52,7 +52,7 @@ from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvpack.bench.figures import FIGURES_HEADER, format_figures, judge_figures
+from kvpack.bench.figures import FIGURES_HEADER, format_figures, judge_figures, num
 from kvpack.bench.probe import measure_baseline
 
 RECEIPT_VERSION = 2
@@ -515,9 +515,6 @@ HEADER = (f"{'depth':>6} {'leg':<14} {'tier':<9} {'cached':>6} {'ttft_s':>8} {'t
 
 
 def format_attempt(receipt: dict[str, Any]) -> str:
-    def num(v: float | None) -> str:
-        return "-" if v is None else f"{v:.3f}"
-
     def times(v: float | None) -> str:
         return "-" if v is None else f"{v:.1f}x"
 
@@ -531,8 +528,8 @@ def format_attempt(receipt: dict[str, Any]) -> str:
             continue
         valid = "yes" if leg["valid"] else f"NO ({leg['error']})"
         rows.append(f"{receipt['depth']:>6} {name:<14} {leg.get('tier', '-'):<9} "
-                    f"{leg.get('cached_tokens', '-'):>6} {num(leg.get('ttft_s')):>8} "
-                    f"{num(leg.get('total_s')):>8} {times(ratios.get(name)):>8}  "
+                    f"{leg.get('cached_tokens', '-'):>6} {num(leg.get('ttft_s'), '.3f'):>8} "
+                    f"{num(leg.get('total_s'), '.3f'):>8} {times(ratios.get(name)):>8}  "
                     f"{valid}")  # fmt: skip
     judged = {True: "yes", False: "NO", None: "not judged (invalid leg)"}
     summary = (

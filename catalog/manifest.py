@@ -40,6 +40,7 @@ from typing import Any
 
 import blake3
 
+from cas.chunks import ChunkRef
 from cas.errors import UnknownKey
 from cas.ids import ChunkId
 from cas.keys import Keyring
@@ -152,6 +153,11 @@ class Manifest:
     def bytes(self) -> int:
         """Plaintext bytes of all parts (what a restore of this cut reads)."""
         return sum(p.size for p in self.parts)
+
+    @property
+    def chunk_refs(self) -> list[ChunkRef]:
+        """What a reader fetches: every part's chunk and plaintext size, in part order."""
+        return [ChunkRef(p.chunk_id, p.size) for p in self.parts]
 
     @property
     def idempotency_key(self) -> builtins.bytes:  # `bytes` here is the property above

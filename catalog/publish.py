@@ -55,7 +55,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from cas.chunks import Blob, ChunkRef, ChunkStore
+from cas.chunks import Blob, ChunkStore
 from cas.errors import ObjectMissing
 from cas.ids import ChunkId
 from cas.keys import Keyring
@@ -256,8 +256,7 @@ async def load_cut(
 
 
 async def _in_one_buffer(chunks: ChunkStore, manifest: Manifest) -> list[tuple[str, memoryview]]:
-    refs = [ChunkRef(p.chunk_id, p.size) for p in manifest.parts]
-    buffer, parts, offset = await chunks.get_many(refs), [], 0
+    buffer, parts, offset = await chunks.get_many(manifest.chunk_refs), [], 0
     for p in manifest.parts:
         parts.append((p.role, buffer[offset : offset + p.size]))
         offset += p.size

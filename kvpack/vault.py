@@ -252,7 +252,7 @@ class Vault:
             if chunks.objects.remote:
                 early = Reading.start(self.io, chunks, self._listed_chunks(cut), deadline)
             sealed = self.io.wait(opening, max(0.0, deadline - time.monotonic()))
-            refs = [ChunkRef(p.chunk_id, p.size) for p in sealed.manifest.parts]
+            refs = sealed.manifest.chunk_refs
             if early is not None and early.refs != refs:
                 raise ManifestInvalid(
                     f"manifest object {cut.object_key} does not list its catalog row's chunks"

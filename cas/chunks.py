@@ -25,8 +25,9 @@ the kernel's socket read into a bytes object, aiohttp's HTTP parser copying the 
 out of it, aiobotocore's `readinto` copying that into the scratch buffer (5 where
 aiohttp first joins several buffered pieces), the decryption. Reading the body by
 aiohttp's pieces, which skips the join, used no less CPU (README *Measured here*).
-The re-hash reads the destination once and copies nothing. The engine's own count
-continues in engine/state.py.
+The re-hash reads the destination once; it gathers the segments into a cache-sized
+bounce buffer to hash them in aligned runs (cas/ids.py), a copy that never reaches the
+destination. The engine's own count continues in engine/state.py.
 
 Memory: get_into holds up to max_concurrency scratch buffers of the largest sealed chunk
 in flight, and the pool keeps that many between calls: 4 × 11.25 MiB ≈ 45 MiB for the

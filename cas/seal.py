@@ -69,7 +69,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM, AESGCMSIV
 
 from cas.buffers import scatter
 from cas.errors import ChunkCorrupt
-from cas.ids import ChunkId
+from cas.ids import ChunkId, SegmentHasher
 from cas.keys import Keyring
 
 PURPOSE = "chunk-seal-v2"  # the KDF key of format 2's chunk keys
@@ -210,14 +210,13 @@ class ChunkSeal:
         segments = [memoryview(s).cast("B") for s in segments]
         size = sum(s.nbytes for s in segments)
         start, head, key_id, version = _sized(chunk_id, sealed, size)
-        hasher = blake3.blake3(key=key)
         if version == VERSION_V1:  # GCM-SIV cannot stream: open whole, then scatter
             whole = memoryview(bytearray(len(sealed) - start - TAG_SIZE))
             self._decrypt(chunk_id, sealed, whole)
             scatter(whole, segments)
-            hasher.update(whole)
-            return hasher.digest()
+            return blake3.blake3(whole, key=key).digest()
         # GCM is a stream: segment by segment, with the tag checked at the end.
+        hasher = SegmentHasher(key=key, size=size)
         chunk_key = self._chunk_key(key_id, head, chunk_id)
         tag = bytes(sealed[len(sealed) - TAG_SIZE :])
         stream = Cipher(algorithms.AES(chunk_key), modes.GCM(ZERO_NONCE, tag)).decryptor()

@@ -47,8 +47,8 @@ Copies per byte from the object store to the slot, on the durable read path:
 - into an intake (engine/intake.py: Slot.intake, cas ChunkStore.get_into with its
   segments, Slot.restore): local directory 2 — the kernel's read into cas's scratch
   buffer, the decryption straight into the slot's own cache buffers (the re-hash reads
-  them, copying nothing); S3 4 (two more inside the HTTP client, counted in
-  cas/chunks.py). Nothing is decoded or joined afterwards.
+  them, through cas's bounce buffer, never writing them); S3 4 (two more inside the
+  HTTP client, counted in cas/chunks.py). Nothing is decoded or joined afterwards.
 - through part buffers (ChunkStore.get_into into part_buffer()s, verified Planes,
   Slot.restore): as above into the part buffers, then 0 to decode (views), and 1 more for
   a block's bytes when install joins the blocks into the KV cache at its capacity (mlx-lm's

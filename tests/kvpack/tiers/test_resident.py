@@ -379,6 +379,29 @@ def test_a_view_of_a_larger_buffer_is_held_as_its_own_bytes():
     assert tier.resident_bytes == BLOCK
 
 
+def test_a_view_whose_buffer_has_no_other_owner_is_held_as_its_own_bytes():
+    """Branch: the slot let go of the buffer behind a part's view before the hold (a
+    request replaced its state): the tier still keeps only the view's bytes, so once the
+    given part is let go the buffer behind it is freed."""
+    tier = ResidentTier()
+    size = 1024 * BLOCK  # 1 MiB: other threads' allocations stay well inside the margin
+    big = mx.array(np.frombuffer(random.Random(4).randbytes(16 * size), dtype=np.uint8))
+    view = big[size : 2 * size]
+    mx.eval(view)
+    payload = bytes(memoryview(view))
+    layout = snapshot(ID_A, BASE[:4], []).layout
+    viewed = Part("kv", (view,), {}, digest=blake3.blake3(payload).digest())
+    del big, view
+    gc.collect()
+    before = mx.get_active_memory()  # the view's buffer: 16 * size
+    cut = tier.hold(ID_A, BASE[:4], Snapshot(ID_A.identity.raw, 4, A, layout, (viewed,)))
+    del viewed
+    gc.collect()
+    (held,) = cut.snapshot.parts[0].arrays
+    assert bytes(memoryview(held)) == payload
+    assert mx.get_active_memory() - before <= -12 * size  # 15 of the 16 went: not held
+
+
 # -- LRU byte budget ------------------------------------------------------------------
 
 

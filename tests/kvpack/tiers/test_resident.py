@@ -402,6 +402,31 @@ def test_a_view_whose_buffer_has_no_other_owner_is_held_as_its_own_bytes():
     assert mx.get_active_memory() - before <= -12 * size  # 15 of the 16 went: not held
 
 
+def test_a_strided_view_is_held_as_its_own_bytes():
+    """Branch: a block's arrays are strided views (its rows of each head inside a layer's
+    buffer at the full capacity); each is copied out at hold, and once the given part is
+    let go the buffer behind it is freed."""
+    tier = ResidentTier()
+    rows = 1024  # 3 heads x 1024 rows x 64 float32: 768 KiB per layer buffer, 16 of them
+    data = np.frombuffer(random.Random(5).randbytes(3 * 4 * rows * 64 * 4), dtype=np.float32)
+    buffers = [mx.array(data.reshape(1, 3, 4 * rows, 64)) for _ in range(16)]
+    views = [b[0, :, rows : 2 * rows, :] for b in buffers]  # a quarter of each, strided
+    mx.eval(views)
+    payload = b"".join(np.asarray(v).tobytes() for v in views)
+    layout = snapshot(ID_A, BASE[:4], []).layout
+    viewed = Part("kv", tuple(views), {}, digest=blake3.blake3(payload).digest())
+    del buffers, views
+    gc.collect()
+    before = mx.get_active_memory()
+    cut = tier.hold(ID_A, BASE[:4], Snapshot(ID_A.identity.raw, 4, A, layout, (viewed,)))
+    del viewed
+    gc.collect()
+    held = cut.snapshot.parts[0].arrays
+    assert b"".join(np.asarray(h).tobytes() for h in held) == payload
+    whole = 16 * 3 * 4 * rows * 64 * 4
+    assert mx.get_active_memory() - before <= -whole // 2  # three quarters went
+
+
 # -- LRU byte budget ------------------------------------------------------------------
 
 

@@ -360,6 +360,17 @@ def test_cut_held_by_a_caller_keeps_its_bytes_after_eviction():
     assert tier.pool.live_parts() == 2
 
 
+def viewed_part(views, payload):
+    """One part over `views`, whose bytes laid end to end are `payload`."""
+    return Part("kv", tuple(views), {}, digest=blake3.blake3(payload).digest())
+
+
+def hold_part(tier, part):
+    """`part` held as the whole cut of BASE[:4]."""
+    layout = snapshot(ID_A, BASE[:4], []).layout
+    return tier.hold(ID_A, BASE[:4], Snapshot(ID_A.identity.raw, 4, A, layout, (part,)))
+
+
 def test_a_view_of_a_larger_buffer_is_held_as_its_own_bytes():
     """Branch: a part whose array is a view of a larger buffer (an intake's block is a
     slice of the whole KV capacity) is copied into a buffer of its own at hold, so the
@@ -369,10 +380,7 @@ def test_a_view_of_a_larger_buffer_is_held_as_its_own_bytes():
     view = big[BLOCK : 2 * BLOCK]
     mx.eval(view)
     payload = bytes(memoryview(view))
-    layout = snapshot(ID_A, BASE[:4], []).layout
-    viewed = Part("kv", (view,), {}, digest=blake3.blake3(payload).digest())
-    given = Snapshot(ID_A.identity.raw, 4, A, layout, (viewed,))
-    cut = tier.hold(ID_A, BASE[:4], given)
+    cut = hold_part(tier, viewed_part((view,), payload))
     (held,) = cut.snapshot.parts[0].arrays
     assert bytes(memoryview(held)) == payload
     assert np.asarray(held).ctypes.data != np.asarray(view).ctypes.data
@@ -389,12 +397,11 @@ def test_a_view_whose_buffer_has_no_other_owner_is_held_as_its_own_bytes():
     view = big[size : 2 * size]
     mx.eval(view)
     payload = bytes(memoryview(view))
-    layout = snapshot(ID_A, BASE[:4], []).layout
-    viewed = Part("kv", (view,), {}, digest=blake3.blake3(payload).digest())
+    viewed = viewed_part((view,), payload)
     del big, view
     gc.collect()
     before = mx.get_active_memory()  # the view's buffer: 16 * size
-    cut = tier.hold(ID_A, BASE[:4], Snapshot(ID_A.identity.raw, 4, A, layout, (viewed,)))
+    cut = hold_part(tier, viewed)
     del viewed
     gc.collect()
     (held,) = cut.snapshot.parts[0].arrays
@@ -413,12 +420,11 @@ def test_a_strided_view_is_held_as_its_own_bytes():
     views = [b[0, :, rows : 2 * rows, :] for b in buffers]  # a quarter of each, strided
     mx.eval(views)
     payload = b"".join(np.asarray(v).tobytes() for v in views)
-    layout = snapshot(ID_A, BASE[:4], []).layout
-    viewed = Part("kv", tuple(views), {}, digest=blake3.blake3(payload).digest())
+    viewed = viewed_part(views, payload)
     del buffers, views
     gc.collect()
     before = mx.get_active_memory()
-    cut = tier.hold(ID_A, BASE[:4], Snapshot(ID_A.identity.raw, 4, A, layout, (viewed,)))
+    cut = hold_part(tier, viewed)
     del viewed
     gc.collect()
     held = cut.snapshot.parts[0].arrays

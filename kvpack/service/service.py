@@ -129,10 +129,12 @@ def block_bytes(loaded: LoadedModel) -> int:
 
 
 def default_reserve(loaded: LoadedModel) -> int:
-    """One slot's caches at the model's full context, and the durable reader's scratch
-    buffers (a block per chunk in flight), at most RESERVE_CAP."""
-    scratch = DEFAULT_CONCURRENCY * block_bytes(loaded)
-    return min(loaded.layout.cache_bytes(loaded.context_length) + scratch, RESERVE_CAP)
+    """What a durable hit at the model's full context allocates before its response ends,
+    at most RESERVE_CAP: the slot's caches it restores, the copy of them the slot makes at
+    its first write while the promotion holds the restored ones (publication.py), and the
+    durable reader's scratch buffers (a block per chunk in flight)."""
+    caches = loaded.layout.cache_bytes(loaded.context_length)
+    return min(2 * caches + DEFAULT_CONCURRENCY * block_bytes(loaded), RESERVE_CAP)
 
 
 class Service:
@@ -341,7 +343,7 @@ class Service:
             return Completion(tokens=[], text="", finish_reason="cancelled", **base)
         chain = tenant.scope.chain(tokens)
         started = time.perf_counter()
-        serve = partial(self.ladder.serve, tenant, tokens)
+        serve = partial(self.ladder.serve, tenant, tokens, promote=pub.after_served)
         installed = serve() if self.restores is None else self.restores.measure(serve)
         slot = installed.slot
         yield "lookup"

@@ -17,7 +17,9 @@ Every tier answers the same two questions (kvpack/tiers/base.py). The ladder:
    served is told (LRU, catalog hit stamp), the caches are filled with the state that a
    slower tier served (as installed: a reader's Snapshot, so nothing is read or decoded
    again), and a paired timing is recorded when this process prefilled the same cut.
-   Those run in the background, never on the response path.
+   Those run in the background, never on the response path; `serve` may be given a
+   `promote` that holds the caches' fill back until the request is served (the
+   service's, kvpack/service/publication.py).
 5. miss: the slot is reset and the request prefills from scratch.
 Steps 2-5 are `restore(ask, install)` for any installer: `serve` installs into a slot,
 kvpack/service/interop.py into mlx-lm's own caches (the same gate and build, so a hit).
@@ -43,6 +45,7 @@ from kvpack.tiers.session import Tenant
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+Submit = Callable[[str, Callable[[], object]], bool]  # Background.submit's shape
 
 
 @dataclass(frozen=True)
@@ -80,8 +83,11 @@ class Ladder:
     def tiers(self) -> dict[str, Tier]:
         return {t.name: t for t in (self.authority, *self.caches, *self.peers)}
 
-    def serve(self, tenant: Tenant, tokens: Sequence[int]) -> Installed:
-        """Install the deepest available state for `tokens` in a slot of `tenant`."""
+    def serve(
+        self, tenant: Tenant, tokens: Sequence[int], *, promote: Submit | None = None
+    ) -> Installed:
+        """Install the deepest available state for `tokens` in a slot of `tenant`;
+        `promote` takes the caches' fill after a hit (default: the background, at once)."""
         ns = tenant.namespace
         slot = tenant.session_slot(tokens)
         if slot is not None:
@@ -94,20 +100,22 @@ class Ladder:
         # every outcome replaces it: emptied first, its memory serves the restore's shadow.
         slot.reset()
         ask = Ask.of(tenant.scope, tokens)
-        found = self.restore(ask, lambda cut: slot.restore(cut, prompt=ask.tokens))
+        found = self.restore(ask, lambda cut: slot.restore(cut, prompt=ask.tokens), promote)
         if found is None:
             return Installed(slot, "none", 0)
         _, receipt = found
         restored = receipt.manifest_bytes or receipt.estimated_bytes or 0
         return Installed(slot, receipt.tier, receipt.depth, receipt.restore_seconds, restored)
 
-    def restore(self, ask: Ask, install: Callable[[Cut], T]) -> tuple[T, CommittedRestore] | None:
+    def restore(
+        self, ask: Ask, install: Callable[[Cut], T], promote: Submit | None = None
+    ) -> tuple[T, CommittedRestore] | None:
         """Steps 2-5 without the session rung: the planned candidates, deepest first,
         through `install` (a slot's restore, or mlx-lm caches built through the same gate);
         the first that returns is the hit, with its result. None is a miss (counted)."""
         tiers = self.tiers
         for candidate in self.plan(ask):
-            found = self._try(tiers[candidate.tier], candidate, ask, install)
+            found = self._try(tiers[candidate.tier], candidate, ask, install, promote)
             if found is not None:
                 return found
         self.accounting.count_miss(namespace=ask.scope.namespace)
@@ -143,6 +151,7 @@ class Ladder:
         candidate: Candidate,
         ask: Ask,
         install: Callable[[Cut], T],
+        promote: Submit | None,
     ) -> tuple[T, CommittedRestore] | None:
         started = time.perf_counter()
         try:
@@ -174,20 +183,18 @@ class Ladder:
         tier.served(candidate, ask)
         held = loaded.holdable()
         if tier not in self.caches and held is not None:
-            self._fill(ask, candidate.depth, held)
+            self._fill(ask, candidate.depth, held, promote or self.background.submit)
         self._hit(ask, receipt)
         return result, receipt
 
-    def _fill(self, ask: Ask, depth: int, cut: Snapshot | Planes) -> None:
+    def _fill(self, ask: Ask, depth: int, cut: Snapshot | Planes, submit: Submit) -> None:
         """Hold state a slower tier served in every cache (off the response path). A
         reader's Snapshot is views of the slot's buffers: the cache copies what it does
         not hold yet, and while that job holds them the slot's next write into a buffer
         copies that buffer first (MLX arrays are values), once."""
         tokens = ask.tokens[:depth]
         for cache in self.caches:
-            self.background.submit(
-                f"fill {cache.name}@{depth}", partial(cache.hold, ask.scope, tokens, cut)
-            )
+            submit(f"fill {cache.name}@{depth}", partial(cache.hold, ask.scope, tokens, cut))
 
     def _hit(self, ask: Ask, receipt: CommittedRestore) -> None:
         self.accounting.count_hit(receipt)

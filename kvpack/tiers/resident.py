@@ -191,6 +191,8 @@ class ResidentTier:
         toks = _check_tokens(tokens)
         if cut.depth != len(toks):
             raise ResidentInputError("tokens", f"{len(toks)} tokens for a cut of {cut.depth}")
+        if isinstance(cut, Snapshot) and self._too_big(cut):
+            return None  # known before copying a cut only to let it go
         snap, interned = self._intern(cut)
         layout = MappingProxyType(copy.deepcopy(dict(snap.layout)))
         held = ResidentCut(
@@ -218,6 +220,13 @@ class ResidentTier:
                 self._uncount(old)
             self._evict_to(self._budget)
             return held
+
+    def _too_big(self, snap: Snapshot) -> bool:
+        """Whether a Snapshot whose parts all carry their digest exceeds the whole budget
+        (its unique parts' bytes, as the check after interning counts them)."""
+        if any(p.digest is None for p in snap.parts):
+            return False
+        return sum({p.digest: p.nbytes for p in snap.parts}.values()) > self._budget
 
     def _intern(self, cut: Snapshot | Planes) -> tuple[Snapshot, list[InternedPart]]:
         """The cut as a Snapshot and its parts interned (see the module words)."""

@@ -83,16 +83,17 @@ def test_warm_with_the_store_unreachable_logs_and_goes_on(tmp_path, open_service
     assert len(skipped) == 1 and skipped[0].startswith("warm start: store skipped")
 
 
-def test_the_restore_reserve_is_one_full_context_slot_unless_set(tmp_path, open_service):
-    """Service.restore_reserve (what the memory phase maps): by default one slot's caches
-    at the model's full context and the durable reader's scratch buffers; the
-    restore_reserve setting replaces it ("0": none)."""
+def test_the_restore_reserve_is_two_full_context_slots_unless_set(tmp_path, open_service):
+    """Service.restore_reserve (what the memory phase maps): by default twice one slot's
+    caches at the model's full context (the restore, and the slot's copy of it while the
+    promotion holds it) and the durable reader's scratch buffers; the restore_reserve
+    setting replaces it ("0": none)."""
     default = open_service(Settings.load(data_dir=tmp_path / "a", alignment=TINY_A, env={}))
     loaded = default.loaded
     # a scratch buffer per chunk in flight: a block's caches and its frame's room
     block = loaded.layout.cache_bytes(loaded.alignment) + FRAME_ROOM
     full = loaded.layout.cache_bytes(loaded.context_length)
-    assert default.restore_reserve == full + DEFAULT_CONCURRENCY * block > full > 0
+    assert default.restore_reserve == 2 * full + DEFAULT_CONCURRENCY * block > 2 * full > 0
     env = {"KVPACK_RESTORE_RESERVE": "0"}
     none = open_service(Settings.load(data_dir=tmp_path / "b", alignment=TINY_A, env=env))
     assert none.restore_reserve == 0

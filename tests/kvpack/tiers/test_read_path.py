@@ -172,6 +172,35 @@ def test_a_promoted_durable_hit_keeps_no_slot_buffer_alive(settings, open_servic
     assert physical_parts(cut.snapshot) == physical_parts(installed)
 
 
+def test_a_durable_hit_is_promoted_once_its_request_is_served(settings, open_service):
+    """Branch: promotion follows the response. While a durable hit's request decodes its
+    cut is not held (the slot's first write copies the caches the promotion holds, and
+    the resident tier's own copy would race that one for memory); once the request is
+    served it is, and the next ask is a resident hit."""
+    first = open_service(settings)
+    cold = ask(first, P)
+    assert first.flush(30)
+    first.close()
+    svc = open_service(settings)
+    at_p = Ask.of(svc.tenant("default").scope, P).bounded(at_most=len(P))
+    steps = svc.steps(CompletionRequest(tokens=P, max_tokens=12, top_logprobs=3))
+    assert next(steps) == "lookup"
+    decoded = 0
+    while True:
+        assert svc.flush(30) and svc.resident.find(at_p) is None
+        try:
+            assert next(steps) == "decode"
+        except StopIteration as done:
+            durable = done.value
+            break
+        decoded += 1
+    assert decoded == 12 and durable.tier == "durable"
+    assert svc.flush(30) and svc.resident.find(at_p) is not None
+    warm = ask(svc, P)
+    assert warm.tier == "resident"
+    assert answer(durable) == answer(warm) == answer(cold)
+
+
 def physical_parts(snap) -> list[bytes]:
     return [np.asarray(a).tobytes() for a in snap.arrays()]
 

@@ -19,6 +19,7 @@ import pytest
 from catalog.ids import IdentityDigest
 from catalog.scope import Scope
 from engine.state import Part, Snapshot
+from kvpack.tiers import resident
 from kvpack.tiers.base import Ask
 from kvpack.tiers.radix import PartPool
 from kvpack.tiers.resident import ResidentInputError, ResidentTier
@@ -407,6 +408,26 @@ def test_a_view_whose_buffer_has_no_other_owner_is_held_as_its_own_bytes():
     (held,) = cut.snapshot.parts[0].arrays
     assert bytes(memoryview(held)) == payload
     assert mx.get_active_memory() - before <= -12 * size  # 15 of the 16 went: not held
+
+
+def test_a_snapshot_over_the_budget_is_let_go_before_any_copy(monkeypatch):
+    """Branch: a Snapshot whose parts carry their digest (a durable hit's) and exceed the
+    whole budget is refused before its arrays are copied; one that fits is copied once."""
+    copied, detached = [], resident._detached
+
+    def counted(part):
+        copied.append(part.role)
+        return detached(part)
+
+    monkeypatch.setattr(resident, "_detached", counted)
+    big = mx.array(np.frombuffer(random.Random(6).randbytes(4 * BLOCK), dtype=np.uint8))
+    view = big[BLOCK : 2 * BLOCK]
+    mx.eval(view)
+    viewed = viewed_part((view,), bytes(memoryview(view)))
+    assert hold_part(ResidentTier(budget_bytes=BLOCK - 1), viewed) is None
+    assert copied == []
+    assert hold_part(ResidentTier(budget_bytes=BLOCK), viewed) is not None
+    assert copied == ["kv"]
 
 
 def test_a_strided_view_is_held_as_its_own_bytes():

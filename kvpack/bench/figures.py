@@ -72,12 +72,15 @@ def leg_figures(name: str, leg: Mapping[str, Any], baseline: Mapping[str, Any]) 
     floor_s, floor_x = beside(floor, floor and floor["bytes"])
     get_s, get_x = beside(s3_get, cut_bytes)
     ttft = leg.get("ttft_s") if leg.get("valid") else None
+    times = (leg.get("token_times_s") or []) if leg.get("valid") else []
     on_a = name in PROMPT_A_LEGS
     peak = record["peak_rss_added"] if record else None
     return {
         "leg": name,
         "tier": leg.get("tier"),
         "ttft_s": ttft,
+        # the wait for the second token: what work the hit left behind costs its decode
+        "second_token_s": times[1] - times[0] if len(times) > 1 else None,
         "restore_s": seconds,
         "bytes": nbytes,
         "mb_s": _ratio(nbytes / MB if nbytes is not None else None, seconds),
@@ -157,7 +160,7 @@ def judge_figures(receipt: dict[str, Any], legs: tuple[str, ...]) -> None:
 
 
 FIGURES_HEADER = (
-    f"{'depth':>6} {'leg':<14} {'tier':<9} {'ttft_s':>7} {'restore_s':>9} {'MB':>7} "
+    f"{'depth':>6} {'leg':<14} {'tier':<9} {'ttft_s':>7} {'tok2_s':>6} {'restore_s':>9} {'MB':>7} "
     f"{'MB/s':>7} {'floor_s':>7} {'x floor':>7} {'s3get_s':>7} {'x get':>6} "
     f"{'mlx-lm_s':>8} {'ttft/mlx':>8} {'peak MB':>7}"
 )
@@ -175,7 +178,8 @@ def format_figures(receipt: Mapping[str, Any]) -> str:
         peak = None if f["peak_rss_added"] is None else f["peak_rss_added"] / MB
         rows.append(
             f"{receipt['depth']:>6} {f['leg']:<14} {f['tier'] or '-':<9} "
-            f"{num(f['ttft_s'], '.3f'):>7} {num(f['restore_s'], '.3f'):>9} "
+            f"{num(f['ttft_s'], '.3f'):>7} {num(f['second_token_s'], '.3f'):>6} "
+            f"{num(f['restore_s'], '.3f'):>9} "
             f"{num(mb, '.1f'):>7} {num(f['mb_s'], '.0f'):>7} {num(f['floor_s'], '.3f'):>7} "
             f"{num(f['floor_fraction'], '.2f'):>7} {num(f['s3_get_s'], '.3f'):>7} "
             f"{num(f['s3_get_fraction'], '.2f'):>6} {num(f['mlx_lm_s'], '.3f'):>8} "

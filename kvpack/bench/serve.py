@@ -243,7 +243,7 @@ def _stream(
         resp = conn.getresponse()
         if resp.status != 200:
             raise LegFailed(f"HTTP {resp.status}: {resp.read(500).decode(errors='replace')}")
-        text, ttft, finish, kvpack, usage, done = [], None, None, None, None, False
+        text, times, finish, kvpack, usage, done = [], [], None, None, None, False
         while not done:
             remaining = deadline - time.perf_counter()
             if remaining <= 0:
@@ -264,7 +264,7 @@ def _stream(
                 raise LegFailed(f"server error mid-stream: {chunk['error'].get('message')}")
             for choice in chunk.get("choices", []):
                 if choice.get("text"):
-                    ttft = ttft if ttft is not None else time.perf_counter() - t0
+                    times.append(time.perf_counter() - t0)
                     text.append(choice["text"])
                 finish = choice.get("finish_reason") or finish
             kvpack = chunk.get("kvpack", kvpack)
@@ -275,7 +275,8 @@ def _stream(
     if finish is None or kvpack is None or usage is None:
         raise LegFailed("the stream carried no finish reason, kvpack object or usage")
     return {
-        "ttft_s": ttft,
+        "ttft_s": times[0] if times else None,
+        "token_times_s": times,  # each streamed text's arrival, from the request
         "total_s": total,
         "tier": kvpack["tier"],
         "cached_tokens": kvpack["cached_tokens"],

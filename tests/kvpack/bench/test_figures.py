@@ -15,8 +15,18 @@ from kvpack.bench.serve import LEGS, BadDepth, check_depths
 MIB = 1 << 20
 
 
-def leg(tier: str, ttft: float, restore: dict | None = None, *, valid: bool = True) -> dict:
-    return {"valid": valid, "tier": tier, "ttft_s": ttft,
+def leg(
+    tier: str,
+    ttft: float,
+    restore: dict | None = None,
+    *,
+    valid: bool = True,
+    gaps: tuple[float, ...] = (),
+) -> dict:
+    times = [ttft]
+    for gap in gaps:
+        times.append(times[-1] + gap)
+    return {"valid": valid, "tier": tier, "ttft_s": ttft, "token_times_s": times,
             "server_restores": [] if restore is None else [restore]}  # fmt: skip
 
 
@@ -34,7 +44,8 @@ def attempt(rng: random.Random, *, store: str) -> dict:
         "miss": leg("none", rng.uniform(0.1, 0.2)),
         "second": leg("none", rng.uniform(1, 2)),
         "durable": leg("durable", rng.uniform(0.05, 0.3),
-                       record("durable", rng.uniform(0.02, 0.2), cut, rng.randrange(3 * cut))),
+                       record("durable", rng.uniform(0.02, 0.2), cut, rng.randrange(3 * cut)),
+                       gaps=(rng.uniform(0.1, 2), rng.uniform(0.1, 0.2))),
         "durable_second": leg("durable", rng.uniform(0.05, 0.3),
                               record("durable", rng.uniform(0.02, 0.2), cut, 0)),
     }  # fmt: skip
@@ -73,6 +84,9 @@ def test_figures_and_targets_on_a_local_store_follow_from_the_inputs(seed):
     assert fig["cold"]["restore_s"] is None and fig["cold"]["mb_s"] is None
     assert fig["warm"]["ttft_vs_mlx_lm"] == pytest.approx(legs["warm"]["ttft_s"] / mlx)
     assert fig["second"]["ttft_vs_mlx_lm"] is None  # another prompt: not the same state
+    times = legs["durable"]["token_times_s"]
+    assert fig["durable"]["second_token_s"] == pytest.approx(times[1] - times[0])
+    assert fig["cold"]["second_token_s"] is None  # one token streamed: no second
 
     targets = by_name(receipt)
     expected = {
@@ -91,6 +105,7 @@ def test_figures_and_targets_on_a_local_store_follow_from_the_inputs(seed):
 
     text = format_figures(receipt)
     assert f"{fig['durable']['floor_fraction']:.2f}" in text
+    assert f" {fig['durable']['second_token_s']:.3f} " in text
     for t in receipt["targets"]:
         verdict = "met" if t["met"] else "MISSED"
         assert f"target {t['target']}: {t['value']:.2f} (bound {t['op']} {t['bound']}) " \

@@ -15,7 +15,9 @@ saw it, and on a restarted one.
   after the first one stopped gracefully, which drains its publication: an empty
   resident tier, so only the durable tier can serve), durable_second (the second prompt
   on the restarted server: also a durable restore, so first / second request after a
-  restart compares like with like). Per leg: time to first token, total time, tier,
+  restart compares like with like; `restarts` > 1 repeats the restart and both legs as
+  "durable@2", "durable_second@2", … so that ratio is judged on more than one pair).
+  Per leg: time to first token, total time, tier,
   output, the server's /metrics counters before and after, and the server's own record
   of the leg's restore (GET /v1/admin/restores: seconds, bytes, peak RSS added).
   Before each leg the bench waits for the server's publication queue to drain
@@ -27,8 +29,8 @@ saw it, and on a restarted one.
 - valid leg: answered 200 and finished (finish reason, kvpack object, [DONE]) within its
   timeout, which grows with the depth. An invalid leg is never a correctness result:
   `outputs_match` compares cold and warm, `outputs_match_durable` cold and durable,
-  `outputs_match_durable_second` second and durable_second, each only when both legs
-  are valid (else it is None).
+  `outputs_match_durable_second` second and durable_second (every restart's), each only
+  when all its legs are valid (else it is None).
 - receipt: the attempt as JSON, created exclusively (never overwritten) as
   <receipts dir>/<attempt id>.json.
 """
@@ -52,13 +54,19 @@ from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvpack.bench.figures import FIGURES_HEADER, format_figures, judge_figures, num
+from kvpack.bench.figures import (
+    FIGURES_HEADER,
+    base_leg,
+    format_figures,
+    judge_figures,
+    num,
+    restart_legs,
+)
 from kvpack.bench.probe import measure_baseline
 
 RECEIPT_VERSION = 2
 LEGS = ("cold", "warm", "miss", "second", "durable", "durable_second")
 FIRST_SERVER_LEGS = ("cold", "warm", "miss", "second")
-RESTARTED_LEGS = ("durable", "durable_second")
 PROMPT_OF = {"cold": "cold", "warm": "cold", "miss": "miss", "second": "second",
              "durable": "cold", "durable_second": "second"}  # fmt: skip
 _WORD_LIST = (
@@ -302,6 +310,7 @@ class Plan:
     namespace: str = "bench"  # each attempt serves namespace "<namespace>-<attempt id>"
     miss_depth: int = 256
     max_tokens: int = 16
+    restarts: int = 1  # restarted servers, each with both durable legs
     timeout_base_s: float = 60.0
     timeout_per_token_s: float = 0.5
     startup_timeout_s: float = 300.0
@@ -329,21 +338,28 @@ def write_receipt(receipts_dir: Path, attempt_id: str, receipt: dict[str, Any]) 
     return path
 
 
+def leg_names(restarts: int) -> tuple[str, ...]:
+    """Every leg of an attempt in the order run: LEGS, then each further restart's two."""
+    return LEGS + tuple(n for r in range(2, restarts + 1) for n in restart_legs(r))
+
+
 def judge(receipt: dict[str, Any]) -> None:
     """The validity gate: fill legs_valid, leg_errors, outputs_match(_durable, _durable_
     second), the TTFT ratios and the tiers; a comparison with an invalid leg is None (not
     judged). Then the figures and targets (kvpack/bench/figures.py)."""
     legs = receipt["legs"]
-    errors = {n: (legs[n]["error"] if n in legs else "not run") for n in LEGS}
+    names = leg_names(receipt.get("restarts", 1))
+    errors = {n: (legs[n]["error"] if n in legs else "not run") for n in names}
     receipt["leg_errors"] = {n: e for n, e in errors.items() if e is not None}
     receipt["legs_valid"] = not receipt["leg_errors"]
-    valid = {n: legs[n] if errors[n] is None else None for n in LEGS}
+    valid = {n: legs[n] if errors[n] is None else None for n in names}
     cold, warm, miss, durable = (valid[n] for n in ("cold", "warm", "miss", "durable"))
 
-    def match(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool | None:
-        if a is None or b is None:
+    def match(a: dict[str, Any] | None, *others: dict[str, Any] | None) -> bool | None:
+        if a is None or any(b is None for b in others):
             return None
-        return (a["output"], a["completion_tokens"]) == (b["output"], b["completion_tokens"])
+        out = (a["output"], a["completion_tokens"])
+        return all(out == (b["output"], b["completion_tokens"]) for b in others if b)
 
     def ratio(other: dict[str, Any] | None) -> float | None:
         if cold and other and cold["ttft_s"] and other["ttft_s"]:
@@ -351,14 +367,17 @@ def judge(receipt: dict[str, Any]) -> None:
         return None
 
     receipt["outputs_match"] = match(cold, warm)
-    receipt["outputs_match_durable"] = match(cold, durable)
-    receipt["outputs_match_durable_second"] = match(valid["second"], valid["durable_second"])
+    restarts = [n for n in names if base_leg(n) == "durable"]
+    receipt["outputs_match_durable"] = match(cold, *(valid[n] for n in restarts))
+    receipt["outputs_match_durable_second"] = match(
+        valid["second"], *(valid[n] for n in names if base_leg(n) == "durable_second")
+    )
     receipt["ttft_ratio_cold_to_warm"] = ratio(warm)
     receipt["ttft_ratio_cold_to_durable"] = ratio(durable)
     receipt["warm_tier"] = warm["tier"] if warm else None
     receipt["durable_tier"] = durable["tier"] if durable else None
     receipt["miss_served_by_no_tier"] = None if miss is None else miss["tier"] == "none"
-    judge_figures(receipt, LEGS)
+    judge_figures(receipt, names)
 
 
 class ServerProcess:
@@ -440,8 +459,8 @@ def run_attempt(
     plan: Plan, depth: int, prompts: dict[str, list[int]], *, run_id: str
 ) -> tuple[dict[str, Any], Path]:
     """One depth: cold, warm, miss and second on a fresh server, then durable and
-    durable_second on a restarted one (same data dir and namespace), then the baselines;
-    judged, and a receipt written."""
+    durable_second on a restarted one (same data dir and namespace; `plan.restarts` times),
+    then the baselines; judged, and a receipt written."""
     attempt_id = f"{new_run_id()}-d{depth}"  # its own random part: a depth may repeat
     data_dir = plan.work_dir / attempt_id
     data_dir.mkdir(parents=True)
@@ -461,12 +480,15 @@ def run_attempt(
         "depth": depth,
         "miss_depth": plan.miss_depth,
         "max_tokens": plan.max_tokens,
+        "restarts": plan.restarts,
         "namespace": namespace,
         "server": {"argv": redact_argv(argv)},
         "legs": {},
     }
-    servers = (("server", "serve.log", FIRST_SERVER_LEGS),
-               ("restarted_server", "serve-restarted.log", RESTARTED_LEGS))  # fmt: skip
+    servers = [("server", "serve.log", FIRST_SERVER_LEGS),
+               ("restarted_server", "serve-restarted.log", restart_legs(1))]  # fmt: skip
+    servers += [(f"restarted_server@{r}", f"serve-restarted-{r}.log", restart_legs(r))
+                for r in range(2, plan.restarts + 1)]  # fmt: skip
     try:
         for key, log, names in servers:
             server = ServerProcess(argv, data_dir / log, plan.startup_timeout_s)
@@ -474,7 +496,7 @@ def run_attempt(
             with server:
                 receipt[key].update(server.record())
                 for name in names:
-                    tokens = prompts[PROMPT_OF[name]]
+                    tokens = prompts[PROMPT_OF[base_leg(name)]]
                     receipt["legs"][name] = run_leg(
                         server.url, name, tokens, model=plan.model, max_tokens=plan.max_tokens,
                         timeout_s=plan.leg_timeout(len(tokens)),
@@ -511,7 +533,7 @@ def run_bench(plan: Plan, tokenizer: Any, *, out: Any = None) -> list[dict[str, 
     return receipts
 
 
-HEADER = (f"{'depth':>6} {'leg':<14} {'tier':<9} {'cached':>6} {'ttft_s':>8} {'total_s':>8} "
+HEADER = (f"{'depth':>6} {'leg':<16} {'tier':<9} {'cached':>6} {'ttft_s':>8} {'total_s':>8} "
           f"{'cold/leg':>8}  valid")  # fmt: skip
 
 
@@ -522,13 +544,13 @@ def format_attempt(receipt: dict[str, Any]) -> str:
     ratios = {"warm": receipt["ttft_ratio_cold_to_warm"],
               "durable": receipt["ttft_ratio_cold_to_durable"]}  # fmt: skip
     rows = [HEADER]
-    for name in LEGS:
+    for name in leg_names(receipt.get("restarts", 1)):
         leg = receipt["legs"].get(name)
         if leg is None:
-            rows.append(f"{receipt['depth']:>6} {name:<14} (not run)")
+            rows.append(f"{receipt['depth']:>6} {name:<16} (not run)")
             continue
         valid = "yes" if leg["valid"] else f"NO ({leg['error']})"
-        rows.append(f"{receipt['depth']:>6} {name:<14} {leg.get('tier', '-'):<9} "
+        rows.append(f"{receipt['depth']:>6} {name:<16} {leg.get('tier', '-'):<9} "
                     f"{leg.get('cached_tokens', '-'):>6} {num(leg.get('ttft_s'), '.3f'):>8} "
                     f"{num(leg.get('total_s'), '.3f'):>8} {times(ratios.get(name)):>8}  "
                     f"{valid}")  # fmt: skip

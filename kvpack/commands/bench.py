@@ -1,7 +1,8 @@
 """`kvpack bench`: cold / warm / miss / second legs per depth, each depth on a fresh
 server, then two durable legs on a restarted server (same data dir and namespace, empty
-resident tier), then the baselines (the floor, a raw S3 GET, mlx-lm's load + one step)
-and the restore targets, met or missed (kvpack/bench/serve.py, figures.py, probe.py).
+resident tier; `--restarts N` restarts N times), then the baselines (the floor, a raw S3
+GET, mlx-lm's load + one step) and the restore targets, met or missed
+(kvpack/bench/serve.py, figures.py, probe.py).
 Depths run up to the model's context, less the generated tokens; a depth beyond is an
 error before anything starts.
 
@@ -17,7 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from kvpack.commands.common import Subparsers, add_storage_arguments, storage_argv
+from kvpack.commands.common import Subparsers, add_storage_arguments, positive_int, storage_argv
 
 
 def depths(text: str) -> tuple[int, ...]:
@@ -32,12 +33,17 @@ def depths(text: str) -> tuple[int, ...]:
     return out
 
 
-def add_bench_arguments(p: argparse.ArgumentParser, *, model: str, default_depths: str) -> None:
+def add_bench_arguments(
+    p: argparse.ArgumentParser, *, model: str, default_depths: str, restarts: int = 1
+) -> None:
     p.add_argument("--model", default=model, help="tiny | smollm2 | model dir | .gguf")
     p.add_argument("--depths", type=depths, default=depths(default_depths),
                    help=f"prompt depths in tokens (default {default_depths})")  # fmt: skip
     p.add_argument("--miss-depth", type=int, default=256, help="miss control prompt tokens")
     p.add_argument("--max-tokens", type=int, default=16, help="tokens generated per leg")
+    p.add_argument("--restarts", type=positive_int, default=restarts,
+                   help=f"restarted servers per depth, each running both durable legs; first "
+                        f"/ second is judged on their median (default {restarts})")  # fmt: skip
     p.add_argument("--receipts-dir", type=Path, default=Path("receipts"))
     p.add_argument("--timeout-base", type=float, default=60.0, help="seconds per leg, plus...")
     p.add_argument("--timeout-per-token", type=float, default=0.5, help="...this per token")
@@ -79,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         namespace=args.namespace or "bench",
         miss_depth=args.miss_depth,
         max_tokens=args.max_tokens,
+        restarts=args.restarts,
         timeout_base_s=args.timeout_base,
         timeout_per_token_s=args.timeout_per_token,
         serve_argv=tuple(serve_argv),

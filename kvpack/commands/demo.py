@@ -1,8 +1,9 @@
 """`kvpack demo` (`make demo`): the bench on the demo model against the embedded default.
 
 A temporary data dir (SQLite + a local object directory), a fresh server per depth,
-cold / warm / miss / second legs, two durable legs on a restarted server, the baselines,
-and the tables (kvpack/commands/bench.py). Receipts go to ./receipts.
+cold / warm / miss / second legs, two durable legs on each of three restarted servers (so
+first / second after a restart is judged on three pairs), the baselines, and the tables
+(kvpack/commands/bench.py). Receipts go to ./receipts.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from kvpack.commands.common import STORAGE_FLAGS, Subparsers, field_of
 
 def register(sub: Subparsers) -> None:
     p = sub.add_parser("demo", help="run the cold/warm/miss/durable bench on the demo model")
-    bench.add_bench_arguments(p, model="smollm2", default_depths="256,512,1024")
+    bench.add_bench_arguments(p, model="smollm2", default_depths="256,512,1024", restarts=3)
     p.set_defaults(func=run)
 
 

@@ -9,8 +9,8 @@ import random
 import pytest
 
 from kvpack import cli
-from kvpack.bench.figures import MB, format_figures, judge_figures
-from kvpack.bench.serve import LEGS, BadDepth, check_depths
+from kvpack.bench.figures import MB, format_figures, judge_figures, restart_legs
+from kvpack.bench.serve import LEGS, BadDepth, check_depths, leg_names
 
 MIB = 1 << 20
 
@@ -173,3 +173,30 @@ def test_a_printed_target_never_reads_as_the_other_verdict():
         text = format_figures({"depth": 256, "figures": {}, "targets": [t]})
         verdict = "met" if t["met"] else "MISSED"
         assert f"target t: {shown} (bound {op} {bound}) {verdict}" in text, text
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_with_three_restarts_first_over_second_is_the_median_of_each_restarts_own(seed):
+    """Each restart's first request is judged against that restart's second (the same
+    process); the target is the median of those ratios, each printed; one restart with
+    an invalid leg leaves the target not judged."""
+    rng = random.Random(seed)
+    receipt = attempt(rng, store="local")
+    legs = receipt["legs"]
+    for r in (2, 3):
+        first, second = restart_legs(r)
+        legs[first] = leg("durable", rng.uniform(0.05, 0.3))
+        legs[second] = leg("durable", rng.uniform(0.05, 0.3))
+    receipt["restarts"] = 3
+    judge_figures(receipt, leg_names(3))
+    ratios = [legs[a]["ttft_s"] / legs[b]["ttft_s"] for a, b in map(restart_legs, (1, 2, 3))]
+    target = by_name(receipt)["first / second request after restart"]
+    assert target["value"] == pytest.approx(sorted(ratios)[1])
+    assert target["met"] is (sorted(ratios)[1] <= 1.2)
+    text = format_figures(receipt)
+    assert "first / second per restart: " + ", ".join(f"{r:.2f}" for r in ratios) in text
+    assert "durable_second@3" in text
+
+    legs["durable@2"]["valid"] = False
+    judge_figures(receipt, leg_names(3))
+    assert by_name(receipt)["first / second request after restart"]["met"] is None

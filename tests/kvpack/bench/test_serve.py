@@ -81,6 +81,19 @@ def test_a_leg_that_times_out_is_invalid_and_outputs_are_not_compared(service):
     assert gated["outputs_match"] is None and gated["ttft_ratio_cold_to_warm"] is None
     assert gated["outputs_match_durable"] is None and gated["ttft_ratio_cold_to_durable"] is None
 
+    # With two restarts, the second restart's legs are gated and compared too.
+    restarted = {"legs": {**legs, "durable@2": durable, "durable_second@2": durable_second},
+                 "restarts": 2}  # fmt: skip
+    judge(restarted)
+    assert restarted["outputs_match_durable"] is True and passed([restarted])
+    again = {**durable_second, "output": durable_second["output"] + "!"}
+    differs = {**restarted, "legs": {**restarted["legs"], "durable_second@2": again}}
+    judge(differs)
+    assert differs["outputs_match_durable_second"] is False and not passed([differs])
+    short = {**restarted, "legs": legs}
+    judge(short)
+    assert short["leg_errors"] == {"durable@2": "not run", "durable_second@2": "not run"}
+
     missing = {"legs": {n: leg for n, leg in legs.items() if n != "durable"}}
     judge(missing)
     assert missing["leg_errors"] == {"durable": "not run"} and not passed([missing])
@@ -107,7 +120,7 @@ def test_bench_cli_on_tiny_cold_warm_miss_durable(tmp_path, capsys):
     receipts = tmp_path / "receipts"
     code = cli.main(["bench", "--model", "tiny", "--depths", "128", "--alignment", str(TINY_A),
                      "--max-tokens", "4", "--miss-depth", "64", "--receipts-dir", str(receipts),
-                     "--data-dir", str(tmp_path / "data")])  # fmt: skip
+                     "--data-dir", str(tmp_path / "data"), "--restarts", "2"])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0, out
     (path,) = receipts.iterdir()
@@ -135,6 +148,13 @@ def test_bench_cli_on_tiny_cold_warm_miss_durable(tmp_path, capsys):
     assert before.get("kvpack_misses_total", 0) == 0 == before.get("kvpack_hits_total:resident", 0)
     assert "cold/durable TTFT" in out and "outputs_match_durable yes" in out
     assert receipt["outputs_match_durable_second"] is True
+    # --restarts 2: a third process, the same two durable restores and outputs again.
+    third = receipt["restarted_server@2"]
+    assert third["pid"] not in (first["pid"], second["pid"]) and third["exit_code"] == 0
+    for name, like in (("durable@2", "cold"), ("durable_second@2", "second")):
+        assert legs[name]["tier"] == "durable" and legs[name]["output"] == legs[like]["output"]
+        assert legs[name]["counters_delta"]["kvpack_hits_total:durable"] == 1
+    assert "first / second per restart: " in out
 
     # The server measured each restore itself; the cold legs restored nothing.
     (record,) = durable["server_restores"]

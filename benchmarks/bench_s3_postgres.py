@@ -1,8 +1,9 @@
 """`kvpack bench` against a real S3 + PostgreSQL on loopback: a SeaweedFS it starts
 itself and a fresh database on the local PostgreSQL, dropped afterwards.
 
-    .venv/bin/python benchmarks/bench_s3_postgres.py 256,512,1024,2048
+    .venv/bin/python benchmarks/bench_s3_postgres.py 256,512,1024,2048 [--restarts 3 ...]
 
+Arguments after the depths go to `kvpack bench` as they are.
 KVPACK_BENCH_PG (default postgresql://postgres@127.0.0.1:5432/postgres) names the
 server's maintenance database. Receipts go to receipts/s3pg/.
 """
@@ -24,7 +25,7 @@ from kvpack.bench.seaweedfs import start_seaweedfs
 ADMIN = os.environ.get("KVPACK_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
-def main(depths: str) -> int:
+def main(depths: str, more: list[str]) -> int:
     db = f"kvpack_bench_{secrets.token_hex(3)}"
     server_url = ADMIN.rsplit("/", 1)[0]
     with psycopg.connect(ADMIN, autocommit=True) as c:
@@ -49,7 +50,7 @@ def main(depths: str) -> int:
             cmd = [
                 sys.executable, "-m", "kvpack.cli", "bench", "--depths", depths,
                 "--store-url", "s3://kvpack-bench/runs", "--s3-endpoint", s3.endpoint_url,
-                "--database-url", f"{server_url}/{db}", "--receipts-dir", "receipts/s3pg",
+                "--database-url", f"{server_url}/{db}", "--receipts-dir", "receipts/s3pg", *more,
             ]  # fmt: skip
             print("$", " ".join(cmd[2:]), flush=True)
             return subprocess.call(cmd, env=env)
@@ -59,4 +60,4 @@ def main(depths: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "256,512,1024,2048"))
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "256,512,1024,2048", sys.argv[2:]))

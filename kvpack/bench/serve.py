@@ -17,7 +17,7 @@ saw it, and on a restarted one.
   on the restarted server: also a durable restore, so first / second request after a
   restart compares like with like; `restarts` > 1 repeats the restart and both legs as
   "durable@2", "durable_second@2", … so that ratio is judged on more than one pair).
-  Per leg: time to first token, total time, tier,
+  Per leg: time to first token and each streamed token's arrival, total time, tier,
   output, the server's /metrics counters before and after, and the server's own record
   of the leg's restore (GET /v1/admin/restores: seconds, bytes, peak RSS added).
   Before each leg the bench waits for the server's publication queue to drain
@@ -367,8 +367,8 @@ def judge(receipt: dict[str, Any]) -> None:
         return None
 
     receipt["outputs_match"] = match(cold, warm)
-    restarts = [n for n in names if base_leg(n) == "durable"]
-    receipt["outputs_match_durable"] = match(cold, *(valid[n] for n in restarts))
+    firsts = [n for n in names if base_leg(n) == "durable"]
+    receipt["outputs_match_durable"] = match(cold, *(valid[n] for n in firsts))
     receipt["outputs_match_durable_second"] = match(
         valid["second"], *(valid[n] for n in names if base_leg(n) == "durable_second")
     )

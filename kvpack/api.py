@@ -52,6 +52,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from catalog.manifest import Manifest
+from engine import streams
 from engine.errors import InvalidRequest
 from engine.interop import prefill_aligned
 from engine.sampling import Sampling
@@ -240,10 +241,11 @@ class VaultClient:
             if self._closed:
                 return
             self._closed = True
-            streams, services = list(self._streams), [m.service for m in self._models.values()]
-        for stream in streams:
+            running, services = list(self._streams), [m.service for m in self._models.values()]
+        for stream in running:
             stream.cancel()
         try:
+            self._engine.submit(streams.release)  # its one thread's last job
             self._engine.shutdown(wait=True)
             for service in services:
                 service.close()

@@ -14,6 +14,8 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
+from engine import streams
+
 log = logging.getLogger(__name__)
 DEFAULT_CAPACITY = 64
 
@@ -65,6 +67,12 @@ class Background:
             }
 
     def _run(self) -> None:
+        try:
+            self._work()
+        finally:
+            streams.release()  # its jobs copy MLX arrays (the resident tier's form)
+
+    def _work(self) -> None:
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._jobs or self._closing)

@@ -25,6 +25,8 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine import streams
+
 log = logging.getLogger(__name__)
 DEFAULT_MAX_QUEUED = 32
 MAX_RETRY_AFTER_S = 60
@@ -108,6 +110,12 @@ class Scheduler:
         return max(1, min(MAX_RETRY_AFTER_S, math.ceil(self._mean_task_s)))
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        finally:
+            streams.release()
+
+    def _serve(self) -> None:
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._turns or self._closing)

@@ -17,6 +17,7 @@ from engine.models import ModelLoadError, ModelNotCached
 from kvpack import api
 from kvpack.config import ConfigError
 from tests.engine.slotkit import TINY_A
+from tests.engine.test_streams import released_on
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = "A vault for prefix state: restore it, never recompute it. " * 6  # > 4 blocks
@@ -64,6 +65,17 @@ def test_generate_cold_then_resident_then_durable(settings, open_vault):
     assert (durable.tier, durable.cached_tokens) == ("durable", cold.prompt_tokens)
     assert cold.tokens == warm.tokens == durable.tokens and len(cold.tokens) == MAX
     assert cold.text == warm.text == durable.text == again.decode(cold.tokens)
+
+
+def test_closing_releases_the_engine_threads_mlx_streams(settings, open_vault, monkeypatch):
+    """The client's engine thread ran the model; closing the client releases its streams
+    there, as that thread's last job (MLX 0.32 can abort the process at exit otherwise:
+    engine/streams.py)."""
+    released = released_on(monkeypatch)
+    vault = open_vault(settings)
+    vault.model("tiny").generate(TEXT, max_tokens=2)
+    vault.close()
+    assert [n for n in released if n.startswith("kvpack-engine")] == ["kvpack-engine_0"]
 
 
 def test_a_prompt_as_text_token_ids_or_messages(settings, open_vault):

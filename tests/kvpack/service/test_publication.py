@@ -16,6 +16,7 @@ from kvpack.config import Settings
 from kvpack.service.service import CompletionRequest, run_steps
 from kvpack.tiers.base import Candidate
 from tests.engine.slotkit import TINY_A, prompt
+from tests.engine.test_streams import released_on
 from tests.kvpack.service.test_service import MAX, P, ask, deepest_cut, resident_cut
 
 
@@ -41,6 +42,16 @@ def test_full_queue_drops_with_count_and_never_blocks():
     assert pub.close(5)
     assert not pub.submit("late", lambda: ran.append(3))
     assert pub.stats() == {"queued": 0, "done": 2, "failed": 1, "dropped": 2}
+
+
+def test_the_worker_releases_its_mlx_streams_as_it_ends(monkeypatch):
+    """The worker's jobs copy MLX arrays; its last act is to release its streams (MLX 0.32
+    can abort the process at exit otherwise: engine/streams.py)."""
+    released = released_on(monkeypatch)
+    pub = Background(capacity=2)
+    assert pub.submit("job", lambda: None) and pub.flush(5) and released == []
+    assert pub.close(5)
+    assert released == ["kvpack-background"]
 
 
 class PeerThatPromotes:

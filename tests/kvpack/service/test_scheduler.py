@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from kvpack.service.scheduler import Scheduler, SchedulerClosed, TenantBusy
+from tests.engine.test_streams import released_on
 
 
 class Log:
@@ -128,3 +129,16 @@ def test_close_runs_what_was_queued_then_refuses():
     assert set(log.outcomes) == {"a", "b", "c"} and len(log.steps) == 9
     with pytest.raises(SchedulerClosed):
         scheduler.submit("a", *log.task("late", 1))
+
+
+def test_the_engine_thread_releases_its_mlx_streams_as_it_ends(monkeypatch):
+    """The engine thread runs MLX work; its last act is to release its streams (MLX 0.32
+    can abort the process at exit otherwise: engine/streams.py)."""
+    released = released_on(monkeypatch)
+    scheduler = Scheduler(max_queued=4, name="engine-under-test")
+    log = Log()
+    log.expected = 1
+    scheduler.submit("a", *log.task("a", 2))
+    assert log.finished.wait(30) and released == []
+    assert scheduler.close(30)
+    assert released == ["engine-under-test"]

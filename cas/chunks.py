@@ -19,12 +19,12 @@
   bench --depths 256`, demo model, local directory): without it the first restore after
   a restart took 21 and 17 ms against 11 ms for the next; with it 14 ms and 13 ms.
 
-Copies per byte on the read path (store to destination): local directory, 2 — the
-kernel's read into the scratch buffer and the decryption into the destination; S3, 4 —
+Copies per byte on the read path (store to destination): 2 — the kernel's read (of the
+file, or of the socket: cas/s3_get.py) into the scratch buffer, and the decryption into
+the destination. On S3 through aiobotocore (where a proxy is set for the endpoint), 4:
 the kernel's socket read into a bytes object, aiohttp's HTTP parser copying the body
 out of it, aiobotocore's `readinto` copying that into the scratch buffer (5 where
-aiohttp first joins several buffered pieces), the decryption. Reading the body by
-aiohttp's pieces, which skips the join, used no less CPU (README *Measured here*).
+aiohttp first joins several buffered pieces), the decryption.
 The re-hash reads the destination once; it gathers the segments into a cache-sized
 bounce buffer to hash them in aligned runs (cas/ids.py), a copy that never reaches the
 destination. The engine's own count continues in engine/state.py.

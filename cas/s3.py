@@ -2,7 +2,10 @@
 
 - data path: aiobotocore, one lazily created client per event loop, at most
   `max_concurrency` requests in flight (a semaphore; the memory cost of a
-  caller's batch is max_concurrency × object size).
+  caller's batch is max_concurrency × object size). get_into, the chunk reader's
+  call, sends a GET the client presigned on a plain connection that reads the body
+  straight into the caller's buffer (cas/s3_get.py), unless a proxy is set for the
+  endpoint or `direct_get` is off.
 - administration (ensure_bucket): boto3, synchronous, off the data path.
 - one door: every data-path call goes through S3Store._call, which owns
   retries (a tuple of retryable errors, capped exponential backoff with
@@ -30,9 +33,13 @@ already sealed and digest-checked by cas.seal, so both are set to
 from __future__ import annotations
 
 import asyncio
+import http.client
 import logging
 import os
 import random
+import ssl
+import urllib.parse
+import urllib.request
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -47,6 +54,7 @@ from botocore.config import Config
 
 from cas.breaker import DEFAULT_BACKOFF_S, DEFAULT_MAX_BACKOFF_S, DEFAULT_THRESHOLD, Breaker
 from cas.errors import ObjectMissing, ObjectTooLarge, StoreRejected, StoreUnavailable
+from cas.s3_get import DirectGet
 from cas.store import ObjectInfo
 
 log = logging.getLogger("cas.s3")
@@ -60,6 +68,10 @@ RETRYABLE_ERRORS: tuple[type[BaseException], ...] = (
     aiohttp.ClientError,
     asyncio.TimeoutError,
     ConnectionError,
+    # the direct GET's (cas/s3_get.py)
+    http.client.HTTPException,
+    TimeoutError,
+    ssl.SSLError,
 )
 RETRYABLE_CODES = frozenset(
     {
@@ -78,6 +90,7 @@ RETRYABLE_CODES = frozenset(
 MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 EXISTED_CODES = frozenset({"PreconditionFailed", "412"})
 OWNED_CODES = frozenset({"BucketAlreadyOwnedByYou"})
+PRESIGN_S = 300  # a presigned GET is sent at once; this only bounds a leaked URL
 
 
 @dataclass(frozen=True)
@@ -99,6 +112,7 @@ class S3Config:
     breaker_threshold: int = DEFAULT_THRESHOLD  # failed attempts in a row that open it
     breaker_backoff_s: float = DEFAULT_BACKOFF_S  # the first window; doubles per failed probe
     breaker_max_backoff_s: float = DEFAULT_MAX_BACKOFF_S
+    direct_get: bool = True  # chunk reads straight into their buffers (cas/s3_get.py)
 
     def __post_init__(self) -> None:
         if not self.bucket or "/" in self.bucket:
@@ -138,6 +152,16 @@ class S3Config:
             kw["aws_access_key_id"] = self.access_key
             kw["aws_secret_access_key"] = self.secret_key
         return kw
+
+    def reads_direct(self) -> bool:
+        """Whether get_into reads through cas/s3_get.py: asked for, and no proxy in the
+        environment for the endpoint (botocore honours one; the direct GET does not)."""
+        if not self.direct_get:
+            return False
+        url = urllib.parse.urlsplit(self.endpoint_url or "https://s3.amazonaws.com")
+        if url.scheme not in urllib.request.getproxies_environment():
+            return True
+        return bool(urllib.request.proxy_bypass(url.hostname or ""))
 
     def botocore_options(self) -> dict[str, Any]:
         return {
@@ -215,6 +239,40 @@ class _Connection:
     slots: asyncio.Semaphore
 
 
+class _Client:
+    """The aiobotocore client, with one call of ours beside its own: get_object_into, a
+    GET whose body lands straight in the caller's buffer. Tests wrap this object."""
+
+    def __init__(self, client: Any, direct: DirectGet | None) -> None:
+        self._client, self._direct = client, direct
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def get_object_into(self, *, Bucket: str, Key: str, Out: memoryview) -> int:  # noqa: N803 - botocore's argument names
+        if self._direct is None:
+            return await self._through_client(Bucket, Key, Out)
+        params = {"Bucket": Bucket, "Key": Key}
+        url = await self._client.generate_presigned_url(
+            "get_object", Params=params, ExpiresIn=PRESIGN_S
+        )
+        return await asyncio.to_thread(self._direct.get_into, url, Key, Out)
+
+    async def _through_client(self, bucket: str, key: str, out: memoryview) -> int:
+        resp = await self._client.get_object(Bucket=bucket, Key=key)
+        async with resp["Body"] as body:
+            size = resp["ContentLength"]
+            if size > len(out):
+                raise ObjectTooLarge(key, size, len(out))
+            n = 0
+            while n < size:  # stream straight into the caller's area
+                got = await body.readinto(out[n:size])
+                if not got:
+                    raise bx.IncompleteReadError(actual_bytes=n, expected_bytes=size)
+                n += got
+            return n
+
+
 class S3Store:
     """ObjectStore on an S3 bucket. `wrap_client` lets tests put a fault injector around
     the real aiobotocore client (restic-style wrappers), below the retrying door."""
@@ -268,6 +326,16 @@ class S3Store:
                     **self.config.client_kwargs(),
                 )
             )
+            direct = None
+            if self.config.reads_direct():
+                direct = DirectGet(
+                    connect_timeout_s=self.config.connect_timeout_s,
+                    read_timeout_s=self.config.read_timeout_s,
+                    keep=self.config.max_concurrency,
+                    ca_bundle=os.environ.get("AWS_CA_BUNDLE"),
+                )
+                stack.callback(direct.close)
+            client = _Client(client, direct)
             if self._wrap is not None:
                 client = self._wrap(client)
             self._conn = _Connection(
@@ -359,22 +427,14 @@ class S3Store:
 
     async def get_into(self, key: str, out: memoryview) -> int:
         full = self._key(key)
-
-        async def request(c: Any) -> int:
-            resp = await c.get_object(Bucket=self.config.bucket, Key=full)
-            async with resp["Body"] as body:
-                size = resp["ContentLength"]
-                if size > len(out):
-                    raise ObjectTooLarge(key, size, len(out))
-                n = 0
-                while n < size:  # stream straight into the caller's area
-                    got = await body.readinto(out[n:size])
-                    if not got:
-                        raise bx.IncompleteReadError(actual_bytes=n, expected_bytes=size)
-                    n += got
-                return n
-
-        return await self._call("get", key, request)
+        try:
+            return await self._call(
+                "get",
+                key,
+                lambda c: c.get_object_into(Bucket=self.config.bucket, Key=full, Out=out),
+            )
+        except ObjectTooLarge as e:
+            raise ObjectTooLarge(key, e.size, e.capacity) from None  # the caller's key
 
     async def stat(self, key: str) -> ObjectInfo:
         full = self._key(key)

@@ -26,8 +26,8 @@ Flow: `intake = slot.intake(layout)` on the thread that runs MLX (it gates the l
 any thread (cas ChunkStore.get_into with segments); then `slot.restore(intake,
 prompt=...)` checks every head and swaps the shadow in, once. Nothing is decoded,
 joined or copied after the decryption: copies per byte from the store to the slot are 2
-on a local directory (the kernel's read into cas's scratch buffer, the decryption into
-the slot's cache), 4 on S3 (two more inside the HTTP client: cas/chunks.py counts them).
+(the kernel's read of the file or the socket into cas's scratch buffer, the decryption
+into the slot's cache; 4 on S3 through a proxy: cas/chunks.py counts them).
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import socket
+import threading
+from urllib.parse import urlsplit
 
 import boto3
 import pytest
@@ -16,6 +18,7 @@ from botocore.config import Config
 from cas.chunks import ChunkStore
 from cas.errors import ObjectMissing, StoreRejected, StoreUnavailable
 from cas.s3 import S3Config, S3Store
+from tests.proxy import proxy
 
 pytestmark = pytest.mark.s3
 
@@ -157,7 +160,7 @@ def test_outage_is_not_a_missing_chunk(s3_config, keyring, aio):
     ok = S3Store(s3_config)
     ref = aio.run(ChunkStore(ok, keyring).put(b"payload" * 10))
     aio.run(ok.aclose())
-    store, _ = flaky_store(s3_config, "get_object", 99, connection_error, max_attempts=2)
+    store, _ = flaky_store(s3_config, "get_object_into", 99, connection_error, max_attempts=2)
     try:
         with pytest.raises(StoreUnavailable):
             aio.run(ChunkStore(store, keyring).get_many([ref]))
@@ -186,10 +189,17 @@ def test_refusals_are_not_retried(s3_config, aio):
     bad_creds = S3Store(dataclasses.replace(s3_config, secret_key="wrong"))
     no_bucket = S3Store(dataclasses.replace(s3_config, bucket="kvpack-no-such-bucket"))
     try:
-        with pytest.raises(StoreRejected) as e:
-            aio.run(bad_creds.get("k"))
-        assert e.value.code in ("SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied")
-        for call in (no_bucket.get("k"), no_bucket.put_if_absent("k", b"v")):
+        for call in (bad_creds.get("k"), bad_creds.get_into("k", memoryview(bytearray(8)))):
+            with pytest.raises(StoreRejected) as e:
+                aio.run(call)
+            assert e.value.code in ("SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied")
+        assert isinstance(e.value.__cause__, bx.ClientError)  # the direct GET's, translated
+        no_bucket_calls = (
+            no_bucket.get("k"),
+            no_bucket.get_into("k", memoryview(bytearray(8))),
+            no_bucket.put_if_absent("k", b"v"),
+        )
+        for call in no_bucket_calls:
             with pytest.raises(StoreRejected) as e:
                 aio.run(call)
             assert e.value.code == "NoSuchBucket"
@@ -202,7 +212,7 @@ def test_truncated_stream_is_retried(s3_config, aio):
     """A body that ends early (IncompleteRead) on the first attempt is fetched again whole."""
     store, held = flaky_store(
         s3_config,
-        "get_object",
+        "get_object_into",
         1,
         lambda: bx.IncompleteReadError(actual_bytes=1, expected_bytes=4),
     )
@@ -283,3 +293,30 @@ def test_missing_key_translates_once(s3_config, aio):
             assert isinstance(e.value.__cause__, bx.ClientError)
     finally:
         aio.run(store.aclose())
+
+
+def test_a_cut_connection_costs_the_direct_read_no_attempt(s3_config, aio):
+    """The direct GET's kept connection is cut between two reads (through a TCP proxy): the
+    second read goes out again on a new connection inside the same attempt, so the door
+    sees no failure. Then a proxy that stops forwarding: the read times out and the door
+    retries, and it comes back once the path heals."""
+    endpoint = urlsplit(s3_config.endpoint_url)
+    with proxy(endpoint.hostname, endpoint.port) as path:
+        config = dataclasses.replace(
+            s3_config, endpoint_url=f"http://127.0.0.1:{path.port}", read_timeout_s=0.5
+        )
+        store = S3Store(config)
+        try:
+            aio.run(store.put_if_absent("cut/1", b"payload"))
+            out = bytearray(16)
+            assert aio.run(store.get_into("cut/1", memoryview(out))) == 7
+            before = path.connections
+            path.heal()  # cuts every open connection, then forwards again
+            assert aio.run(store.get_into("cut/1", memoryview(out))) == 7
+            assert out[:7] == b"payload" and path.connections == before + 1
+            assert store.breaker.state().failures == 0
+            path.stall()
+            threading.Timer(0.8, path.heal).start()
+            assert aio.run(store.get_into("cut/1", memoryview(out))) == 7
+        finally:
+            aio.run(store.aclose())

@@ -68,16 +68,16 @@ class DirectGet:
         origin = (parts.scheme, parts.hostname or "", parts.port or _default_port(parts.scheme))
         target = f"{parts.path}?{parts.query}" if parts.query else parts.path
         conn, reused = self._take(origin)
-        try:
-            resp = _ask(conn, target)
-        except STALE:
-            if not reused:
-                raise
-            conn.close()  # the server closed it while idle: once more, on a new connection
-            conn, _ = self._take(origin, fresh=True)
-            resp = _ask(conn, target)
         reusable = False
         try:
+            try:
+                resp = _ask(conn, target)
+            except STALE:
+                if not reused:
+                    raise
+                conn.close()  # the server closed it while idle: once more, on a new one
+                conn, _ = self._take(origin, fresh=True)
+                resp = _ask(conn, target)
             if resp.status != 200:
                 error = _client_error(resp)
                 reusable = not resp.will_close

@@ -6,6 +6,8 @@
   loans (the largest); its memory cost is about keep × the largest sealed chunk read
   through it. Thread-safe, so ChunkStores of several namespaces may share one.
 - scatter: bytes copied across segments in order (a destination in pieces, cas/chunks.py).
+- read_into: a stream's next `size` bytes read into the front of a buffer, until they
+  are in or the stream ends (a file, cas/local.py; an HTTP body, cas/s3_get.py).
 - fresh buffer (`fresh_buffer`): writable memory for bytes about to be written in full.
   bytearray(n) fills n zeros first, a pass over memory that is then overwritten (and a
   page fault per 4 KiB); a large fresh buffer is a private anonymous mapping the kernel
@@ -21,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import mmap
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 
@@ -88,3 +90,15 @@ def scatter(source: bytes | bytearray | memoryview, segments: Sequence[memoryvie
     for seg in segments:
         seg[:] = view[pos : pos + seg.nbytes]
         pos += seg.nbytes
+
+
+def read_into(readinto: Callable[[memoryview], int | None], out: memoryview, size: int) -> int:
+    """Call `readinto` until `size` bytes are in out[:size] or it returns nothing (the end
+    of the stream); the bytes read, which the caller checks against `size`."""
+    n = 0
+    while n < size:
+        got = readinto(out[n:size])
+        if not got:
+            break
+        n += got
+    return n

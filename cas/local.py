@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from cas.buffers import read_into
 from cas.errors import ObjectMissing, ObjectTooLarge, StoreUnavailable
 from cas.store import ObjectInfo
 
@@ -135,10 +136,4 @@ def _read_into(path: Path, key: str, out: memoryview) -> int:
         size = os.fstat(f.fileno()).st_size
         if size > len(out):
             raise ObjectTooLarge(key, size, len(out))
-        n = 0
-        while n < size:
-            got = f.readinto(out[n:size])
-            if not got:
-                break
-            n += got
-        return n
+        return read_into(f.readinto, out, size)

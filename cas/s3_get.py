@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 from botocore import exceptions as bx
 from botocore.httpsession import get_cert_path
 
+from cas.buffers import read_into
 from cas.errors import ObjectTooLarge
 
 MAX_ERROR_BODY = 64 << 10  # an S3 error document is a few hundred bytes
@@ -87,12 +88,9 @@ class DirectGet:
                 raise http.client.HTTPException("GET answered without a Content-Length")
             if size > len(out):
                 raise ObjectTooLarge(key, size, len(out))
-            n = 0
-            while n < size:
-                got = resp.readinto(out[n:size])
-                if not got:
-                    raise bx.IncompleteReadError(actual_bytes=n, expected_bytes=size)
-                n += got
+            n = read_into(resp.readinto, out, size)
+            if n < size:
+                raise bx.IncompleteReadError(actual_bytes=n, expected_bytes=size)
             reusable = not resp.will_close
             return n
         finally:

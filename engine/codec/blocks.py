@@ -74,16 +74,19 @@ def gate(pool: PoolShape, snap: Snapshot, parts: Sequence[Part]) -> None:
     full = [spec for _, spec in _full(pool)]
     depth, alignment, dtype = snap.depth, snap.alignment, pool.layout.dtype
     expect("block count", -(-depth // alignment), len(parts))
+    want = getattr(mx, dtype)
     for i, part in enumerate(parts):
         length = min(alignment, depth - i * alignment)
         expect(f"block {i} index", i, part.fields.get("index"))
         expect(f"block {i} length", length, part.fields.get("length"))
         expect(f"block {i} arrays (K and V per full layer)", 2 * len(full), len(part.arrays))
-        for j, spec in enumerate(full):
-            shape = (spec.kv_heads, length, spec.head_dim)
-            for kv, arr in (("K", part.arrays[j]), ("V", part.arrays[len(full) + j])):
-                expect(f"block {i} full layer #{j} {kv} shape", shape, tuple(arr.shape))
-                expect(f"block {i} full layer #{j} {kv} dtype", dtype, dtype_name(arr.dtype))
+        # One comparison per part; the array that differs is named only on a refusal (a
+        # deep cut has thousands of arrays, and a check per array cost milliseconds).
+        shapes = [(spec.kv_heads, length, spec.head_dim) for spec in full] * 2
+        arrays = part.arrays
+        if [tuple(a.shape) for a in arrays] != shapes or any(a.dtype != want for a in arrays):
+            _refuse_array(i, part, full, length, dtype)
+            raise ShapeMismatch(f"block {i} arrays", shapes, [tuple(a.shape) for a in arrays])
     capacity = snap.layout["capacity"]
     if not full:
         expect("capacity", 0, capacity)
@@ -91,6 +94,15 @@ def gate(pool: PoolShape, snap: Snapshot, parts: Sequence[Part]) -> None:
     # than one step of slack, is not a state a KVCache can be in.
     elif not depth <= capacity < depth + KVCache.step:
         raise ShapeMismatch("capacity", f"[{depth}, {depth + KVCache.step})", capacity)
+
+
+def _refuse_array(i: int, part: Part, full: list[LayerKV], length: int, dtype: str) -> None:
+    """The ShapeMismatch that names the first array of block `i` that does not fit."""
+    for j, spec in enumerate(full):
+        shape = (spec.kv_heads, length, spec.head_dim)
+        for kv, arr in (("K", part.arrays[j]), ("V", part.arrays[len(full) + j])):
+            expect(f"block {i} full layer #{j} {kv} shape", shape, tuple(arr.shape))
+            expect(f"block {i} full layer #{j} {kv} dtype", dtype, dtype_name(arr.dtype))
 
 
 def install(pool: PoolShape, snap: Snapshot, parts: Sequence[Part], shadow: SlotState) -> None:
@@ -120,11 +132,14 @@ def receive(pool: PoolShape, layout: Mapping[str, Any], shadow: SlotState) -> li
         shape = (1, spec.kv_heads, capacity, spec.head_dim)
         keys, values = mx.zeros(shape, dtype=dtype), mx.zeros(shape, dtype=dtype)
         cache.keys, cache.values, cache.offset = keys, values, depth
-        buffers.append((keys, values))
+        # Each block's rows are slices of one [heads, capacity, dim] view per buffer: a
+        # deep cut has thousands of rows, and one op each halves what they cost to make
+        # and evaluate.
+        buffers.append((keys.reshape(shape[1:]), values.reshape(shape[1:])))
     parts = []
     for e in layout["blocks"]:
         lo, hi = e["index"] * pool.alignment, e["index"] * pool.alignment + e["length"]
-        rows = [k[0, :, lo:hi, :] for k, _ in buffers] + [v[0, :, lo:hi, :] for _, v in buffers]
+        rows = [k[:, lo:hi, :] for k, _ in buffers] + [v[:, lo:hi, :] for _, v in buffers]
         parts.append(Part(e["role"], tuple(rows), {"index": e["index"], "length": e["length"]}))
     return parts
 

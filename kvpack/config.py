@@ -24,6 +24,9 @@ names come after kvpack's own), its parser and its default.
     s3_access_key     KVPACK_S3_ACCESS_KEY, AWS_ACCESS_KEY_ID
     s3_secret_key     KVPACK_S3_SECRET_KEY, AWS_SECRET_ACCESS_KEY
     s3_secret_key_file KVPACK_S3_SECRET_KEY_FILE  a file holding the secret key (one line)
+    s3_direct_get     KVPACK_S3_DIRECT_GET  chunk reads straight from the socket into their
+                                            buffers (true; false: through the S3 client,
+                                            as when a proxy is set; cas/s3_get.py)
     drain_timeout_s   KVPACK_DRAIN_TIMEOUT  seconds `kvpack serve` drains on SIGTERM (30)
     store_budget      KVPACK_STORE_BUDGET   the vault's byte budget ("50GiB"; unset: none)
     gc_interval_s     KVPACK_GC_INTERVAL    the maintainer's GC interval ("5m"; 0: off)
@@ -120,6 +123,7 @@ class Settings:
     restore_reserve: int | None = None
     publish: bool = True
     publish_max_defer_s: float = DEFAULT_PUBLISH_MAX_DEFER_S
+    s3_direct_get: bool = True
 
     def __repr__(self) -> str:  # never print a secret
         secret = "***" if self.s3_secret_key else None
@@ -219,6 +223,7 @@ class Settings:
             access_key=self.s3_access_key,
             secret_key=self.s3_secret_key,
             breaker_backoff_s=self.outage_backoff_s,
+            direct_get=self.s3_direct_get,
         )
 
     def open_store(self) -> ObjectStore:
@@ -367,6 +372,7 @@ SETTINGS: tuple[Setting, ...] = (
         _duration,
         lambda v: DEFAULT_PUBLISH_MAX_DEFER_S,
     ),
+    Setting("s3_direct_get", ("KVPACK_S3_DIRECT_GET",), _bool, lambda v: True),
 )
 
 

@@ -60,6 +60,7 @@ def test_postgres_urls_are_pinned_to_psycopg3():
         ({"KVPACK_S3_ACCESS_KEY": "ak"}, "s3_secret_key"),
         ({"KVPACK_PUBLISH": "maybe"}, "publish"),
         ({"KVPACK_PUBLISH_MAX_DEFER": "-1"}, "publish_max_defer_s"),
+        ({"KVPACK_S3_DIRECT_GET": "sometimes"}, "s3_direct_get"),
     ],
 )
 def test_bad_values_name_the_setting_and_its_source(env, name):
@@ -138,6 +139,7 @@ SAMPLES = {  # a raw value for each setting, and what it loads as
     "restore_reserve": ("512MiB", 512 * 1024**2),
     "publish": ("off", False),
     "publish_max_defer_s": ("2m", 120.0),
+    "s3_direct_get": ("false", False),
 }
 
 
@@ -159,6 +161,15 @@ def test_the_s3_keys_are_read_from_both_names_and_only_in_pairs():
     assert (s.s3_access_key, s.s3_secret_key) == ("a", "s")
     keys = {"s3_access_key", "s3_secret_key", "s3_secret_key_file"}
     assert set(SAMPLES) | keys == set(Settings.__dataclass_fields__)
+
+
+def test_s3_direct_get_reaches_the_store_config():
+    """s3_direct_get: on by default; false makes an s3:// store read through the client."""
+    s3 = {"KVPACK_STORE_URL": "s3://bucket/vault", "KVPACK_S3_ENDPOINT": "http://127.0.0.1:1"}
+    on = Settings.load(env=s3).s3_config()
+    off = Settings.load(env={**s3, "KVPACK_S3_DIRECT_GET": "false"}).s3_config()
+    assert on is not None and on.direct_get
+    assert off is not None and not off.direct_get and not off.reads_direct()
 
 
 def test_the_s3_secret_comes_from_a_file_and_the_stronger_source_wins(tmp_path):

@@ -98,9 +98,9 @@ class Delayed:
         await asyncio.sleep(self.delay)
         return await self.inner.get(key)
 
-    async def get_into(self, key: str, out: memoryview) -> int:
+    async def get_into(self, key: str, out: memoryview, *landed: Any) -> int:
         await asyncio.sleep(self.delay)
-        return await self.inner.get_into(key, out)
+        return await self.inner.get_into(key, out, *landed)
 
     async def stat(self, key: str) -> Any:
         await asyncio.sleep(self.delay)

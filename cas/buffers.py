@@ -7,7 +7,9 @@
   through it. Thread-safe, so ChunkStores of several namespaces may share one.
 - scatter: bytes copied across segments in order (a destination in pieces, cas/chunks.py).
 - read_into: a stream's next `size` bytes read into the front of a buffer, until they
-  are in or the stream ends (a file, cas/local.py; an HTTP body, cas/s3_get.py).
+  are in or the stream ends (a file, cas/local.py; an HTTP body, cas/s3_get.py); with
+  `landed`, in runs of at most PIECE, each reported as it lands (the reader opens a
+  chunk behind its read while the bytes are still in the cache: cas/trail.py).
 - fresh buffer (`fresh_buffer`): writable memory for bytes about to be written in full.
   bytearray(n) fills n zeros first, a pass over memory that is then overwritten (and a
   page fault per 4 KiB); a large fresh buffer is a private anonymous mapping the kernel
@@ -92,13 +94,28 @@ def scatter(source: bytes | bytearray | memoryview, segments: Sequence[memoryvie
         pos += seg.nbytes
 
 
-def read_into(readinto: Callable[[memoryview], int | None], out: memoryview, size: int) -> int:
+# The most a read hands over at once when someone opens the bytes behind it: measured
+# (8 chunks of 11.25 MiB, read, opened and hashed, 2 cores), 1 MiB runs took 29-31 ms
+# against 35-39 ms for whole chunks; 256 KiB runs gained nothing, 2 MiB a little less.
+PIECE = 1 << 20
+Landed = Callable[[int, int], None]  # (bytes in the buffer so far, the object's size)
+
+
+def read_into(
+    readinto: Callable[[memoryview], int | None],
+    out: memoryview,
+    size: int,
+    landed: Landed | None = None,
+) -> int:
     """Call `readinto` until `size` bytes are in out[:size] or it returns nothing (the end
-    of the stream); the bytes read, which the caller checks against `size`."""
-    n = 0
+    of the stream); the bytes read, which the caller checks against `size`. With
+    `landed`, reads are at most PIECE bytes and each is reported as it lands."""
+    n, most = 0, size if landed is None else PIECE
     while n < size:
-        got = readinto(out[n:size])
+        got = readinto(out[n : min(size, n + most)])
         if not got:
             break
         n += got
+        if landed is not None:
+            landed(n, size)
     return n

@@ -7,10 +7,12 @@
   under object_key("chunk", id). "Existed" is success once the stored object has a
   plausible sealed size (any key id, any format that still opens); one that does not (a
   truncated leftover) is replaced.
-- get_into: every chunk fetched into a scratch buffer (cas/buffers.py), then opened —
+- get_into: every chunk fetched into a scratch buffer (cas/buffers.py) and opened —
   tag-verified, decrypted straight into the caller's destination and hashed once against
-  its id. Fetch and open are pipelined: up to max_concurrency chunks are in flight, each
-  fetching or opening in a worker thread. A chunk that fails raises ChunkCorrupt /
+  its id. Where the store reports its bytes as they land (a local directory, the direct
+  S3 GET) and the destination exists, the open follows the read run by run on the
+  reading thread (cas/trail.py), else it opens the chunk after its read. Up to
+  max_concurrency chunks are in flight, each read and opened in worker threads. A chunk that fails raises ChunkCorrupt /
   ChunkMissing and the whole call fails; no worker writes into a destination after the
   call has returned or raised. get / get_many are get_into over buffers they allocate.
 - warm: a first read's setup paid ahead (a server's warm start): max_concurrency scratch
@@ -21,7 +23,7 @@
 
 Copies per byte on the read path (store to destination): 2 — the kernel's read (of the
 file, or of the socket: cas/s3_get.py) into the scratch buffer, and the decryption into
-the destination. On S3 through aiobotocore (where a proxy is set for the endpoint), 4:
+the destination (of runs still in the cache where the open trails the read). On S3 through aiobotocore (where a proxy is set for the endpoint), 4:
 the kernel's socket read into a bytes object, aiohttp's HTTP parser copying the body
 out of it, aiobotocore's `readinto` copying that into the scratch buffer (5 where
 aiohttp first joins several buffered pieces), the decryption.
@@ -43,6 +45,7 @@ import contextlib
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeVar
 
 from cas.buffers import ScratchPool, fresh_buffer
@@ -52,6 +55,7 @@ from cas.keys import Keyring
 from cas.layout import object_key
 from cas.seal import ChunkSeal, max_sealed_size, plausible_sizes
 from cas.store import ObjectInfo, ObjectStore
+from cas.trail import Area, Trail
 
 T = TypeVar("T")
 # Chunks in flight. Measured on the demo model's blocks (2 cores, local directory and
@@ -164,7 +168,7 @@ class ChunkStore:
         chunks are fetched meanwhile and opened once it has them (the fetch overlaps the
         making). On an error the destinations hold garbage and must not be used."""
         if isinstance(outs, Sequence):
-            areas: asyncio.Future[list[memoryview | list[memoryview]]] = _done(_areas(refs, outs))
+            areas: asyncio.Future[list[Area]] = _done(_areas(refs, outs))
         else:
             areas = asyncio.ensure_future(_arrived(refs, outs))
         jobs = [lambda ref=ref, i=i: self._fetch_into(ref, areas, i) for i, ref in enumerate(refs)]
@@ -173,22 +177,30 @@ class ChunkStore:
         finally:
             areas.cancel()  # the caller's destinations, if still being made, are not used
 
-    async def _fetch_into(
-        self, ref: ChunkRef, areas: asyncio.Future[list[memoryview | list[memoryview]]], i: int
-    ) -> None:
+    async def _fetch_into(self, ref: ChunkRef, areas: asyncio.Future[list[Area]], i: int) -> None:
         with self.scratch.lend(max_sealed_size(ref.size)) as scratch:
+            trail = Trail(self._seal, ref.id, scratch, self._digest_key)
+            areas.add_done_callback(lambda made: _arrived_at(made, i, trail))
             try:
-                n = await self.objects.get_into(self.key(ref.id), scratch)
+                n = await self._read(self.key(ref.id), scratch, trail)
             except ObjectMissing as e:
                 raise ChunkMissing(ref.id) from e
             except ObjectTooLarge as e:
                 reason = f"object has {e.size} bytes, too many for its size"
                 raise ChunkCorrupt(ref.id, reason) from e
             area = (await asyncio.shield(areas))[i]
-            await _finished(self._open, ref, scratch[:n], area)
+            await _finished(trail.finish, n, area)
 
-    def _open(self, ref: ChunkRef, sealed: memoryview, area: memoryview | list[memoryview]) -> None:
-        self._seal.open_into(ref.id, sealed, area, digest_key=self._digest_key)
+    async def _read(self, key: str, scratch: memoryview, trail: Trail) -> int:
+        """The object read into `scratch`, opened behind the read where the store lets it
+        (cas/trail.py); its size."""
+        if not getattr(self.objects, "lands", False):
+            return await self.objects.get_into(key, scratch)
+        try:
+            return await self.objects.get_into(key, scratch, trail.landed)  # type: ignore[call-arg]
+        except asyncio.CancelledError:
+            trail.stop()  # the reading thread writes into no destination after this
+            raise
 
     async def warm(self, size: int, *, probe_key: str) -> None:
         """Make the next reads of chunks of up to `size` plaintext bytes find their setup
@@ -204,7 +216,9 @@ class ChunkStore:
                 with contextlib.suppress(ObjectMissing):
                     await self.objects.get_into(probe_key, scratch)
                 area = scratch[:WARM_SAMPLE]
-                await _finished(self._open, ref, sealed, [area[:half], area[half:]])
+                segments = [area[:half], area[half:]]
+                await _finished(partial(self._seal.open_into, digest_key=self._digest_key),
+                                ref.id, sealed, segments)  # fmt: skip
 
         await self._bounded([one] * self.max_concurrency)
 
@@ -226,17 +240,18 @@ class ChunkStore:
         return await bounded(jobs, self.max_concurrency)
 
 
-def _areas(
-    refs: Sequence[ChunkRef], outs: Sequence[Destination]
-) -> list[memoryview | list[memoryview]]:
+def _arrived_at(made: asyncio.Future[list[Area]], i: int, trail: Trail) -> None:
+    if not made.cancelled() and made.exception() is None:
+        trail.arrived(made.result()[i])
+
+
+def _areas(refs: Sequence[ChunkRef], outs: Sequence[Destination]) -> list[Area]:
     if len(refs) != len(outs):
         raise ValueError(f"{len(refs)} refs for {len(outs)} destinations")
     return [_destination(ref, out) for ref, out in zip(refs, outs, strict=True)]
 
 
-async def _arrived(
-    refs: Sequence[ChunkRef], outs: Awaitable[Sequence[Destination]]
-) -> list[memoryview | list[memoryview]]:
+async def _arrived(refs: Sequence[ChunkRef], outs: Awaitable[Sequence[Destination]]) -> list[Area]:
     return _areas(refs, await outs)
 
 
@@ -246,7 +261,7 @@ def _done(value: T) -> asyncio.Future[T]:
     return future
 
 
-def _destination(ref: ChunkRef, out: Destination) -> memoryview | list[memoryview]:
+def _destination(ref: ChunkRef, out: Destination) -> Area:
     """`out` as byte views; ValueError unless writable and exactly the chunk's size."""
     one = isinstance(out, bytes | bytearray | memoryview)
     if isinstance(out, bytes | bytearray | memoryview):

@@ -53,6 +53,7 @@ from botocore import exceptions as bx
 from botocore.config import Config
 
 from cas.breaker import DEFAULT_BACKOFF_S, DEFAULT_MAX_BACKOFF_S, DEFAULT_THRESHOLD, Breaker
+from cas.buffers import Landed
 from cas.errors import ObjectMissing, ObjectTooLarge, StoreRejected, StoreUnavailable
 from cas.s3_get import DirectGet
 from cas.store import ObjectInfo
@@ -250,14 +251,16 @@ class _Client:
         return getattr(self._client, name)
 
     # botocore's argument style, so that a test's wrapper treats it like get_object
-    async def get_object_into(self, *, Bucket: str, Key: str, Out: memoryview) -> int:
-        if self._direct is None:
+    async def get_object_into(
+        self, *, Bucket: str, Key: str, Out: memoryview, Landed: Landed | None = None
+    ) -> int:
+        if self._direct is None:  # `Landed` is not called: the bytes land on the loop's thread
             return await self._through_client(Bucket, Key, Out)
         params = {"Bucket": Bucket, "Key": Key}
         url = await self._client.generate_presigned_url(
             "get_object", Params=params, ExpiresIn=PRESIGN_S
         )
-        return await asyncio.to_thread(self._direct.get_into, url, Key, Out)
+        return await asyncio.to_thread(self._direct.get_into, url, Key, Out, Landed)
 
     async def _through_client(self, bucket: str, key: str, out: memoryview) -> int:
         resp = await self._client.get_object(Bucket=bucket, Key=key)
@@ -279,6 +282,7 @@ class S3Store:
     the real aiobotocore client (restic-style wrappers), below the retrying door."""
 
     remote = True
+    lands = True  # get_into reports the bytes as they land (cas/store.py)
 
     def __init__(self, config: S3Config, *, wrap_client: Callable[[Any], Any] | None = None):
         self.config = config
@@ -426,13 +430,15 @@ class S3Store:
 
         return await self._call("get", key, request)
 
-    async def get_into(self, key: str, out: memoryview) -> int:
+    async def get_into(self, key: str, out: memoryview, landed: Landed | None = None) -> int:
         full = self._key(key)
         try:
             return await self._call(
                 "get",
                 key,
-                lambda c: c.get_object_into(Bucket=self.config.bucket, Key=full, Out=out),
+                lambda c: c.get_object_into(
+                    Bucket=self.config.bucket, Key=full, Out=out, Landed=landed
+                ),
             )
         except ObjectTooLarge as e:
             raise ObjectTooLarge(key, e.size, e.capacity) from None  # the caller's key

@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 from botocore import exceptions as bx
 from botocore.httpsession import get_cert_path
 
-from cas.buffers import read_into
+from cas.buffers import Landed, read_into
 from cas.errors import ObjectTooLarge
 
 MAX_ERROR_BODY = 64 << 10  # an S3 error document is a few hundred bytes
@@ -62,9 +62,10 @@ class DirectGet:
         self._idle: defaultdict[Origin, list[http.client.HTTPConnection]] = defaultdict(list)
         self._lock = threading.Lock()
 
-    def get_into(self, url: str, key: str, out: memoryview) -> int:
+    def get_into(self, url: str, key: str, out: memoryview, landed: Landed | None = None) -> int:
         """GET `url` (presigned) into `out`; the body's size. Blocks: call it off the loop.
-        ObjectTooLarge (named `key`) when the body does not fit."""
+        ObjectTooLarge (named `key`) when the body does not fit. `landed`: as read_into's
+        (cas/buffers.py), called on this thread."""
         parts = urlsplit(url)
         origin = (parts.scheme, parts.hostname or "", parts.port or _default_port(parts.scheme))
         target = f"{parts.path}?{parts.query}" if parts.query else parts.path
@@ -88,7 +89,7 @@ class DirectGet:
                 raise http.client.HTTPException("GET answered without a Content-Length")
             if size > len(out):
                 raise ObjectTooLarge(key, size, len(out))
-            n = read_into(resp.readinto, out, size)
+            n = read_into(resp.readinto, out, size, landed)
             if n < size:
                 raise bx.IncompleteReadError(actual_bytes=n, expected_bytes=size)
             reusable = not resp.will_close

@@ -53,9 +53,10 @@ What opening refuses (ChunkCorrupt unless said otherwise; nothing is returned):
 - a chunk validly sealed by a key holder over other plaintext: the tag verifies, the
   re-hash against the chunk id does not.
 
-Opening into segments (open_into with a list of buffers) decrypts format 2 as a stream:
-plaintext reaches the caller's buffers before the tag is checked at the end, so on any
-error those buffers hold garbage; the caller uses nothing until open_into returns.
+Opening into segments (open_into with a list of buffers, or an Opening fed run by run as
+the sealed bytes land: cas/trail.py) decrypts format 2 as a stream: plaintext reaches
+the caller's buffers before the tag is checked at the end, so on any error those buffers
+hold garbage; the caller uses nothing until open_into (Opening.finish) returns.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ ZERO_NONCE = bytes(NONCE_SIZE)
 TAG_SIZE = 16
 MAX_KEY_ID = 64
 MAX_OVERHEAD = len(MAGIC) + 2 + MAX_KEY_ID + NONCE_SIZE + TAG_SIZE
+HEADER_MAX = MAX_OVERHEAD - TAG_SIZE  # the most bytes before any ciphertext
 
 
 def header(key_id: str, *, version: int = VERSION) -> bytes:
@@ -177,11 +179,9 @@ class ChunkSeal:
         if isinstance(out, memoryview):
             self._decrypt(chunk_id, sealed, out)
             # One thread: get_many opens chunks in parallel, which beats a threaded hash here.
-            digest = blake3.blake3(out, key=digest_key).digest()
+            _check(chunk_id, blake3.blake3(out, key=digest_key).digest())
         else:
-            digest = self._decrypt_segments(chunk_id, sealed, out, digest_key)
-        if digest != chunk_id.raw:
-            raise ChunkCorrupt(chunk_id, "plaintext does not hash to the chunk id")
+            self._open_segments(chunk_id, sealed, out, digest_key)
 
     def open(
         self, chunk_id: ChunkId, sealed: bytes | bytearray | memoryview, *, digest_key: bytes
@@ -203,34 +203,95 @@ class ChunkSeal:
         except InvalidTag:
             raise ChunkCorrupt(chunk_id, "seal tag does not verify") from None
 
-    def _decrypt_segments(
+    def _open_segments(
         self, chunk_id: ChunkId, sealed: memoryview, segments: Sequence[memoryview], key: bytes
-    ) -> bytes:
-        """Decrypt into `segments` in order; the plaintext's keyed digest."""
+    ) -> None:
+        opening = self.opening(chunk_id, sealed, segments, digest_key=key)
+        if opening is None:  # GCM-SIV cannot stream: open whole, then scatter
+            segments = [memoryview(s).cast("B") for s in segments]
+            whole = memoryview(bytearray(sum(s.nbytes for s in segments)))
+            self._decrypt(chunk_id, sealed, whole)
+            scatter(whole, segments)
+            _check(chunk_id, blake3.blake3(whole, key=key).digest())
+            return
+        opening.advance(len(sealed))
+        opening.finish()
+
+    def opening(
+        self,
+        chunk_id: ChunkId,
+        sealed: memoryview,
+        segments: Sequence[memoryview],
+        *,
+        digest_key: bytes,
+    ) -> Opening | None:
+        """A format 2 chunk opened into `segments` as its bytes land in `sealed` (the
+        whole object's buffer; at least its header, HEADER_MAX bytes, has landed); None
+        for format 1, which opens only whole. ChunkCorrupt (a malformed header, a size
+        that is not the segments'), UnknownKey."""
         segments = [memoryview(s).cast("B") for s in segments]
         size = sum(s.nbytes for s in segments)
         start, head, key_id, version = _sized(chunk_id, sealed, size)
-        if version == VERSION_V1:  # GCM-SIV cannot stream: open whole, then scatter
-            whole = memoryview(bytearray(len(sealed) - start - TAG_SIZE))
-            self._decrypt(chunk_id, sealed, whole)
-            scatter(whole, segments)
-            return blake3.blake3(whole, key=key).digest()
-        # GCM is a stream: segment by segment, with the tag checked at the end.
-        hasher = SegmentHasher(key=key, size=size)
+        if version == VERSION_V1:
+            return None
         chunk_key = self._chunk_key(key_id, head, chunk_id)
-        tag = bytes(sealed[len(sealed) - TAG_SIZE :])
-        stream = Cipher(algorithms.AES(chunk_key), modes.GCM(ZERO_NONCE, tag)).decryptor()
-        stream.authenticate_additional_data(head + chunk_id.raw)
-        pos = start
-        for seg in segments:
-            stream.update_into(sealed[pos : pos + seg.nbytes], seg)
-            hasher.update(seg)
-            pos += seg.nbytes
+        return Opening(chunk_id, sealed, segments, start, chunk_key, head, digest_key)
+
+
+class Opening:
+    """One format 2 chunk decrypted into its segments in stream order, run by run as its
+    sealed bytes land (`advance`), each run hashed while it is still in the cache; the
+    tag and the digest are checked by `finish`. Until finish returns, the segments hold
+    garbage. Used by one thread at a time."""
+
+    def __init__(
+        self,
+        chunk_id: ChunkId,
+        sealed: memoryview,
+        segments: list[memoryview],
+        start: int,
+        chunk_key: bytes,
+        head: bytes,
+        digest_key: bytes,
+    ) -> None:
+        self.chunk_id, self._sealed, self._segments = chunk_id, sealed, segments
+        self.pos = start  # the next sealed byte to open
+        self._end = len(sealed) - TAG_SIZE
+        self._at = (0, 0)  # (segment, offset in it) of the next plaintext byte
+        self._hasher = SegmentHasher(key=digest_key, size=self._end - start)
+        self._stream = Cipher(algorithms.AES(chunk_key), modes.GCM(ZERO_NONCE)).decryptor()
+        self._stream.authenticate_additional_data(head + chunk_id.raw)
+
+    def advance(self, landed: int) -> None:
+        """Open the sealed bytes before offset `landed` not opened yet."""
+        upto = min(landed, self._end)
+        i, off = self._at
+        while self.pos < upto:
+            seg = self._segments[i]
+            n = min(upto - self.pos, seg.nbytes - off)
+            out = seg[off : off + n]
+            self._stream.update_into(self._sealed[self.pos : self.pos + n], out)
+            self._hasher.update(out)
+            self.pos, off = self.pos + n, off + n
+            if off == seg.nbytes:
+                i, off = i + 1, 0
+        self._at = (i, off)
+
+    def finish(self) -> None:
+        """Check the tag and the plaintext's digest once every byte has been opened;
+        ChunkCorrupt when either fails."""
+        if self.pos != self._end:
+            raise ValueError(f"chunk {self.chunk_id.short}: opened {self.pos} of {self._end}")
         try:
-            stream.finalize()
+            self._stream.finalize_with_tag(bytes(self._sealed[self._end :]))
         except InvalidTag:
-            raise ChunkCorrupt(chunk_id, "seal tag does not verify") from None
-        return hasher.digest()
+            raise ChunkCorrupt(self.chunk_id, "seal tag does not verify") from None
+        _check(self.chunk_id, self._hasher.digest())
+
+
+def _check(chunk_id: ChunkId, digest: bytes) -> None:
+    if digest != chunk_id.raw:
+        raise ChunkCorrupt(chunk_id, "plaintext does not hash to the chunk id")
 
 
 def _parse(

@@ -1,0 +1,93 @@
+"""Trail: a chunk opened right behind its read, while its bytes are still in the cache.
+
+A chunk read whole into its scratch buffer and opened afterwards crosses the memory bus
+twice more than it must: the read pushes 11 MiB out of the cache and the open reads it
+back. A trail rides on the object store's read instead (`landed`, cas/store.py): on the
+reading thread, as each run of at most PIECE bytes lands, it decrypts that run into the
+chunk's destinations and hashes it (cas/seal.py Opening). That needs the destinations:
+a read that lands before the engine has made them (the first chunks of a restore, read
+while the engine allocates) opens them from the start as soon as they exist, and one
+that ends first is opened whole after the read, as without a trail. Format 1 chunks,
+and a chunk whose header does not open, are opened whole after the read (which raises).
+
+- retries: a read retried from the start only moves the opening on once it has landed
+  past it again; the object is immutable, and the tag and the digest check the very
+  bytes that were opened.
+- stop: once the reader gives up on the chunk (cancelled), `stop` returns only when no
+  run is being opened, and none will be: no thread writes into a destination after
+  ChunkStore.get_into has returned. The read itself ends at its next run (Stopped).
+- finish: after the read, the rest opened and the tag and the digest checked.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from cas.errors import ChunkCorrupt, UnknownKey
+from cas.ids import ChunkId
+from cas.seal import HEADER_MAX, ChunkSeal, Opening
+
+Area = memoryview | list[memoryview]  # one destination, or its segments in order
+
+
+class Stopped(Exception):
+    """The reader gave up on the chunk; raised into its read to end it."""
+
+
+class Trail:
+    def __init__(
+        self, seal: ChunkSeal, chunk_id: ChunkId, scratch: memoryview, digest_key: bytes
+    ) -> None:
+        self._seal, self._id, self._scratch, self._key = seal, chunk_id, scratch, digest_key
+        self._lock = threading.Lock()
+        self._area: Area | None = None
+        self._opening: Opening | None = None
+        self._size = 0  # the object's size the opening was made for
+        self._whole = False  # opened only after the read
+        self._stopped = False
+
+    def arrived(self, area: Area) -> None:
+        """The chunk's destinations exist (on the loop's thread)."""
+        self._area = area
+
+    def landed(self, n: int, size: int) -> None:
+        """The first `n` of the object's `size` bytes are in the scratch buffer (on the
+        reading thread)."""
+        with self._lock:
+            if self._stopped:
+                raise Stopped(f"chunk {self._id.short}: the reader stopped waiting")
+            if self._opening is None or self._size != size:
+                self._opening = self._open(n, size)
+            if self._opening is not None:
+                self._opening.advance(n)
+
+    def _open(self, n: int, size: int) -> Opening | None:
+        if self._whole or self._area is None or n < min(size, HEADER_MAX):
+            return None
+        try:
+            opening = self._seal.opening(
+                self._id, self._scratch[:size], _segments(self._area), digest_key=self._key
+            )
+        except (ChunkCorrupt, UnknownKey):
+            opening = None  # the open after the read raises it, as for any chunk
+        self._whole, self._size = opening is None, size
+        return opening
+
+    def stop(self) -> None:
+        """No run is opened after this returns (on the loop's thread)."""
+        with self._lock:
+            self._stopped = True
+
+    def finish(self, n: int, area: Area) -> None:
+        """The chunk's `n` sealed bytes have all landed: open what is left and check it
+        (on a worker thread, the read over); ChunkCorrupt, UnknownKey."""
+        opening = self._opening if self._size == n else None
+        if opening is None:
+            self._seal.open_into(self._id, self._scratch[:n], area, digest_key=self._key)
+            return
+        opening.advance(n)
+        opening.finish()
+
+
+def _segments(area: Area) -> list[memoryview]:
+    return [area] if isinstance(area, memoryview) else area

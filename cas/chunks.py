@@ -12,9 +12,10 @@
   its id. Where the store reports its bytes as they land (a local directory, the direct
   S3 GET) and the destination exists, the open follows the read run by run on the
   reading thread (cas/trail.py), else it opens the chunk after its read. Up to
-  max_concurrency chunks are in flight, each read and opened in worker threads. A chunk that fails raises ChunkCorrupt /
-  ChunkMissing and the whole call fails; no worker writes into a destination after the
-  call has returned or raised. get / get_many are get_into over buffers they allocate.
+  max_concurrency chunks are in flight, each read and opened in worker threads. A chunk
+  that fails raises ChunkCorrupt / ChunkMissing and the whole call fails; no worker
+  writes into a destination after the call has returned or raised. get / get_many are
+  get_into over buffers they allocate.
 - warm: a first read's setup paid ahead (a server's warm start): max_concurrency scratch
   buffers of a given size, the worker threads that open chunks, a store connection per
   chunk in flight, and the seal's open path once on each worker. Measured (`kvpack
@@ -23,10 +24,11 @@
 
 Copies per byte on the read path (store to destination): 2 — the kernel's read (of the
 file, or of the socket: cas/s3_get.py) into the scratch buffer, and the decryption into
-the destination (of runs still in the cache where the open trails the read). On S3 through aiobotocore (where a proxy is set for the endpoint), 4:
-the kernel's socket read into a bytes object, aiohttp's HTTP parser copying the body
-out of it, aiobotocore's `readinto` copying that into the scratch buffer (5 where
-aiohttp first joins several buffered pieces), the decryption.
+the destination (of runs still in the cache where the open trails the read). On S3
+through aiobotocore (where a proxy is set for the endpoint), 4: the kernel's socket read
+into a bytes object, aiohttp's HTTP parser copying the body out of it, aiobotocore's
+`readinto` copying that into the scratch buffer (5 where aiohttp first joins several
+buffered pieces), the decryption.
 The re-hash reads the destination once; it gathers the segments into a cache-sized
 bounce buffer to hash them in aligned runs (cas/ids.py), a copy that never reaches the
 destination. The engine's own count continues in engine/state.py.

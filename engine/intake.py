@@ -82,6 +82,14 @@ class Intake:
             self._heads[part.role] = (expected, landed)
             self._segments[part.role] = [landed, *codec.segments(self.pool, part, self._shadow)]
 
+    def evaluate_parts(self) -> None:
+        """Evaluate the parts' arrays while their bytes land (on the thread running MLX,
+        after `destinations`): they are slices of the shadow's buffers, which MLX makes
+        as views, so no byte of theirs is read — and `take`, after the last byte, has
+        nothing left to evaluate (one array per full layer's K and V per block)."""
+        self._allocate()
+        mx.eval([a for p in self.snapshot.parts for a in p.arrays])
+
     @property
     def taken(self) -> bool:
         """Whether a restore took the shadow (then `snapshot` carries the parts' digests)."""
@@ -128,8 +136,8 @@ class Intake:
             for p in self.snapshot.parts
         )
         self.snapshot = dataclasses.replace(self.snapshot, parts=parts)
-        # The parts are views of the filled buffers: evaluated here, on the thread that
-        # runs MLX, so that any thread may read them (not before the bytes landed).
+        # The parts are views of the filled buffers, evaluated on the thread that runs MLX
+        # so that any thread may read them: here, unless evaluate_parts already did.
         mx.eval(self.snapshot.arrays())
         return self.snapshot, shadow
 

@@ -423,10 +423,15 @@ class Reading:
 
         return cls(io, refs, io.start(chunks.get_into(refs, destinations())), made, deadline)
 
-    def into(self, destinations: Callable[[], Sequence[Sequence[memoryview]]]) -> None:
+    def into(
+        self,
+        destinations: Callable[[], Sequence[Sequence[memoryview]]],
+        meanwhile: Callable[[], object] | None = None,
+    ) -> None:
         """`destinations()` (each part's segments, in manifest order) runs on the calling
         thread while the chunks land (the engine allocates its intake there); what it
-        raises propagates and the fetch is cancelled (it never had the destinations)."""
+        raises propagates and the fetch is cancelled (it never had the destinations).
+        `meanwhile()` runs there too, once the fetch has them, before the wait."""
         try:
             outs = destinations()
         except BaseException:
@@ -434,7 +439,11 @@ class Reading:
             raise
         if self._made.set_running_or_notify_cancel():  # False: the fetch failed and gave up
             self._made.set_result(outs)
-        self._io.wait(self._loading, max(0.0, self._deadline - time.monotonic()))
+        try:
+            if meanwhile is not None:
+                meanwhile()
+        finally:  # the fetch writes into the destinations until it has ended
+            self._io.wait(self._loading, max(0.0, self._deadline - time.monotonic()))
 
     def cancel(self) -> None:
         """Stop the fetch if no destinations were handed over (else a no-op)."""

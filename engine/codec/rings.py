@@ -153,7 +153,7 @@ def receive(pool: PoolShape, layout: Mapping[str, Any], shadow: SlotState) -> li
         cache.keys, cache.values = mx.zeros(shape, dtype=dtype), mx.zeros(shape, dtype=dtype)
         cache.offset, cache._idx = ring["offset"], ring["idx"]
         cache.max_size, cache.keep = ring["window"], ring["keep"]
-        arrays += [cache.keys[0], cache.values[0]]
+        arrays += [cache.keys.reshape(shape[1:]), cache.values.reshape(shape[1:])]
     layers = [r["layer"] for r in recorded["layers"]]
     return [Part(recorded["role"], tuple(arrays), {"layers": layers})]
 

@@ -79,7 +79,7 @@ class CutReader:
         way while the intake allocates them; raises cas's typed errors (or a TimeoutError)
         with the intake half-filled and unusable."""
         parts = [(p.role, p.size) for p in self.manifest.parts]
-        self.reading.into(lambda: intake.destinations(parts))
+        self.reading.into(lambda: intake.destinations(parts), intake.evaluate_parts)
         self._intake = intake
 
     def close(self) -> None:

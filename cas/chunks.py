@@ -9,9 +9,9 @@
   truncated leftover) is replaced.
 - get_into: every chunk fetched into a scratch buffer (cas/buffers.py) and opened —
   tag-verified, decrypted straight into the caller's destination and hashed once against
-  its id. Where the store reports its bytes as they land (a local directory, the direct
-  S3 GET) and the destination exists, the open follows the read run by run on the
-  reading thread (cas/trail.py), else it opens the chunk after its read. Up to
+  its id. Where the store reports its bytes as they land (the direct S3 GET) and the
+  destination exists, the open follows the read run by run on the reading thread
+  (cas/trail.py), else it opens the chunk after its read. Up to
   max_concurrency chunks are in flight, each read and opened in worker threads. A chunk
   that fails raises ChunkCorrupt / ChunkMissing and the whole call fails; no worker
   writes into a destination after the call has returned or raised. get / get_many are
@@ -24,7 +24,7 @@
 
 Copies per byte on the read path (store to destination): 2 — the kernel's read (of the
 file, or of the socket: cas/s3_get.py) into the scratch buffer, and the decryption into
-the destination (of runs still in the cache where the open trails the read). On S3
+the destination (on S3, of runs still in the cache: the open trails the read). On S3
 through aiobotocore (where a proxy is set for the endpoint), 4: the kernel's socket read
 into a bytes object, aiohttp's HTTP parser copying the body out of it, aiobotocore's
 `readinto` copying that into the scratch buffer (5 where aiohttp first joins several

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cas.buffers import Landed, read_into
+from cas.buffers import read_into
 from cas.errors import ObjectMissing, ObjectTooLarge, StoreUnavailable
 from cas.store import ObjectInfo
 
@@ -27,7 +27,6 @@ TEMP_PREFIX = ".tmp-"
 
 class LocalDirStore:
     remote = False
-    lands = True  # get_into reports the bytes as they land (cas/store.py)
 
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root)
@@ -51,9 +50,9 @@ class LocalDirStore:
         path = self._path(key)
         return await asyncio.to_thread(_guard, "get", key, path.read_bytes)
 
-    async def get_into(self, key: str, out: memoryview, landed: Landed | None = None) -> int:
+    async def get_into(self, key: str, out: memoryview) -> int:
         path = self._path(key)
-        return await asyncio.to_thread(_guard, "get", key, _read_into, path, key, out, landed)
+        return await asyncio.to_thread(_guard, "get", key, _read_into, path, key, out)
 
     async def stat(self, key: str) -> ObjectInfo:
         path = self._path(key)
@@ -132,9 +131,9 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _read_into(path: Path, key: str, out: memoryview, landed: Landed | None) -> int:
+def _read_into(path: Path, key: str, out: memoryview) -> int:
     with open(path, "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
         if size > len(out):
             raise ObjectTooLarge(key, size, len(out))
-        return read_into(f.readinto, out, size, landed)
+        return read_into(f.readinto, out, size)

@@ -282,7 +282,9 @@ class S3Store:
     the real aiobotocore client (restic-style wrappers), below the retrying door."""
 
     remote = True
-    lands = True  # get_into reports the bytes as they land (cas/store.py)
+    # get_into reports the bytes as they land, so that chunks open behind the direct GET
+    # (cas/trail.py); through the aiobotocore client it does not, and they open after.
+    lands = True
 
     def __init__(self, config: S3Config, *, wrap_client: Callable[[Any], Any] | None = None):
         self.config = config

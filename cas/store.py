@@ -41,7 +41,8 @@ class ObjectStore(Protocol):
 
     async def get_into(self, key: str, out: memoryview) -> int:
         """Stream the object into `out`, return its size; ObjectMissing, ObjectTooLarge.
-        A backend whose `lands` attribute is True also takes `landed` (cas/buffers.py):
+        A backend whose `lands` attribute is True (S3Store) also takes `landed`
+        (cas/buffers.py):
         called on the reading thread as the bytes arrive, so a reader can open them while
         they are in the cache (cas/trail.py). It may be called again from 0 when a failed
         attempt is retried; an exception it raises ends the read."""

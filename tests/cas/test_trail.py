@@ -1,20 +1,22 @@
 """cas/trail.py: a chunk opened behind its read, run by run as its bytes land — driven by
-hand (the runs a store's read reports), then through ChunkStore on the real stores."""
+hand (the runs a store's read reports), then through ChunkStore on the real stores (the
+direct S3 GET reports its runs; fault injection wraps the real S3 client)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import threading
 
 import pytest
 
 from cas.buffers import PIECE
-from cas.chunks import ChunkRef, ChunkStore
+from cas.chunks import ChunkStore
 from cas.errors import ChunkCorrupt, UnknownKey
 from cas.ids import ChunkId
 from cas.keys import Keyring
-from cas.local import LocalDirStore
+from cas.s3 import S3Store
 from cas.seal import ChunkSeal
 from cas.trail import Stopped, Trail
 from tests.cas.v1seal import seal_v1
@@ -181,10 +183,10 @@ def test_stop_ends_the_read_and_nothing_is_written_after(chunk):
 # -- through ChunkStore, on the real stores ----------------------------------------------
 
 
-def test_chunk_reads_open_behind_the_read_on_every_store(object_store, keyring, aio, monkeypatch):
-    """With its destinations given, a chunk read from a local directory or through the
-    direct S3 GET is opened run by run during the read; through the S3 client (a proxy's
-    path) no run is reported and it opens after. Either way the bytes are the chunk's."""
+def test_chunk_reads_open_behind_the_direct_s3_get(object_store, keyring, aio, monkeypatch):
+    """With its destinations given, a chunk read through the direct S3 GET is opened run
+    by run during the read; from a local directory or through the S3 client no run is
+    reported and it opens after. Either way the bytes are the chunk's."""
     store = ChunkStore(object_store, keyring, namespace=NAMESPACE)
     data = os.urandom(SIZE)
     ref = aio.run(store.put(data))
@@ -199,63 +201,87 @@ def test_chunk_reads_open_behind_the_read_on_every_store(object_store, keyring, 
     out = bytearray(SIZE)
     aio.run(store.get_into([ref], [memoryview(out)]))
     assert out == data
-    reports_runs = isinstance(object_store, LocalDirStore) or object_store.config.reads_direct()
-    if reports_runs:
+    if isinstance(object_store, S3Store) and object_store.config.reads_direct():
         assert len(opened_during) == 4 and 0 < opened_during[0] < opened_during[-1]
     else:
         assert opened_during == []
 
 
-def test_a_damaged_chunk_is_refused_when_opened_behind_its_read(tmp_path, keyring, aio):
-    """A byte flipped in the object on disk (mid-ciphertext) fails the chunk read through
-    the trail; the read of an intact chunk beside it still succeeds."""
-    objects = LocalDirStore(tmp_path / "objects")
+class Landing:
+    """The real S3 client, with each run the direct GET reports passed through
+    `around(landed, out, key)` first (fault injection on the reading thread)."""
+
+    def __init__(self, real, around) -> None:
+        self.real, self.around = real, around
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    async def get_object_into(self, **kw):
+        if kw.get("Landed") is not None:
+            kw["Landed"] = self.around(kw["Landed"], kw["Out"], kw["Key"])
+        return await self.real.get_object_into(**kw)
+
+
+def landing_store(s3_config, around) -> S3Store:
+    config = dataclasses.replace(s3_config, direct_get=True)
+    return S3Store(config, wrap_client=lambda real: Landing(real, around))
+
+
+@pytest.mark.s3
+def test_a_byte_flipped_on_the_wire_is_refused_behind_the_read(s3_config, keyring, aio):
+    """A bit flipped in the third run of a chunk as it lands (after two runs were opened)
+    fails that chunk (its tag); the chunk beside it, read intact, opens."""
+    flipped: list[str] = []
+
+    def around(landed, out, key):
+        def flip(n, size):
+            if key.endswith(bad.id.hex) and n > 2 * PIECE and not flipped:
+                out[2 * PIECE] ^= 0x01
+                flipped.append(key)
+            landed(n, size)
+
+        return flip
+
+    objects = landing_store(s3_config, around)
     store = ChunkStore(objects, keyring, namespace=NAMESPACE)
-    good, bad = aio.run(store.put_many([os.urandom(SIZE), os.urandom(SIZE)]))
-    path = objects._path(store.key(bad.id))
-    sealed = bytearray(path.read_bytes())
-    sealed[2 * PIECE] ^= 0x01
-    path.chmod(0o600)
-    path.write_bytes(sealed)
-    with pytest.raises(ChunkCorrupt, match="tag"):
-        aio.run(store.get_into([good, bad], [memoryview(bytearray(SIZE))] * 2))
-    aio.run(store.get_into([good], [memoryview(bytearray(SIZE))]))
+    try:
+        good, bad = aio.run(store.put_many([os.urandom(SIZE), os.urandom(SIZE)]))
+        with pytest.raises(ChunkCorrupt, match="tag"):
+            aio.run(store.get_into([good, bad], [memoryview(bytearray(SIZE))] * 2))
+        assert len(flipped) == 1
+        out = bytearray(SIZE)
+        aio.run(store.get_into([good], [memoryview(out)]))
+        assert ChunkId.of(out, key=keyring.digest_key(NAMESPACE)) == good.id
+    finally:
+        aio.run(objects.aclose())
 
 
-class SlowRuns(LocalDirStore):
-    """A local directory whose reads report each run 50 ms late, signalling the first."""
-
-    def __init__(self, root, first_run: threading.Event, stopped: threading.Event) -> None:
-        super().__init__(root)
-        self.first_run, self.stopped = first_run, stopped
-
-    async def get_into(self, key, out, landed=None):
-        if landed is None:
-            return await super().get_into(key, out)
-
-        def slowly(n, size):
-            threading.Event().wait(0.05)
-            try:
-                landed(n, size)
-            except Stopped:
-                self.stopped.set()
-                raise
-            self.first_run.set()
-
-        return await super().get_into(key, out, slowly)
-
-
-def test_a_cancelled_read_writes_no_destination_after_it_returns(tmp_path, keyring, aio):
+@pytest.mark.s3
+def test_a_cancelled_read_writes_no_destination_after_it_returns(s3_config, keyring, aio):
     """A restore that gives up on a chunk mid-read (cancelled): once get_into has
     returned, the reading thread opens no further run into the destination, and its
     read ends (Stopped)."""
     first_run, stopped = threading.Event(), threading.Event()
-    objects = SlowRuns(tmp_path / "objects", first_run, stopped)
+
+    def around(landed, out, key):
+        def slowly(n, size):
+            threading.Event().wait(0.05)  # each run reported 50 ms late
+            try:
+                landed(n, size)
+            except Stopped:
+                stopped.set()
+                raise
+            first_run.set()
+
+        return slowly
+
+    objects = landing_store(s3_config, around)
     store = ChunkStore(objects, keyring, namespace=NAMESPACE)
-    ref: ChunkRef = aio.run(store.put(os.urandom(SIZE)))
     out = bytearray(SIZE)
 
     async def cancel_mid_read() -> bytes:
+        ref = await store.put(os.urandom(SIZE))
         task = asyncio.ensure_future(store.get_into([ref], [memoryview(out)]))
         await asyncio.to_thread(first_run.wait, 10)
         task.cancel()
@@ -263,7 +289,10 @@ def test_a_cancelled_read_writes_no_destination_after_it_returns(tmp_path, keyri
             await task
         return bytes(out)
 
-    after = aio.run(cancel_mid_read())
-    assert after[: PIECE // 2] != bytes(PIECE // 2)  # the first run was opened
-    assert stopped.wait(10)
-    assert out == after
+    try:
+        after = aio.run(cancel_mid_read())
+        assert after[: PIECE // 2] != bytes(PIECE // 2)  # the first run was opened
+        assert stopped.wait(10)
+        assert out == after
+    finally:
+        aio.run(objects.aclose())

@@ -18,7 +18,7 @@ and a chunk whose header does not open, are opened whole after the read (which r
   ChunkStore.get_into has returned. The read itself ends at its next run (Stopped).
 - finish: after the read, the rest opened and the tag and the digest checked.
 
-Measured (`benchmarks/restore_phases.py --depth 2048 --rounds 11`, one 2,048-token cut of
+Measured (`benchmarks/restore_phases.py [--s3] --depth 2048 --rounds 11`, one 2,048-token cut of
 the demo model, 2 cores; three runs each, alternating with the trail turned off): from
 SeaweedFS on loopback the fill took 106.9-126.3 ms against 126.3-148.2 ms. From a local
 directory it did not pay (five runs each: 50.0-70.4 ms against 49.8-69.4 ms, slower in

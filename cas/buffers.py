@@ -95,9 +95,9 @@ def scatter(source: bytes | bytearray | memoryview, segments: Sequence[memoryvie
 
 
 # The most a read hands over at once when someone opens the bytes behind it. Measured on
-# 8 chunks of 11.25 MiB from files (read, opened and hashed, 4 threads on 2 cores, alone):
-# 1 MiB runs took 29-31 ms against 35-39 ms for whole chunks; 256 KiB runs gained
-# nothing, 2 MiB a little less.
+# 8 chunks of 11.25 MiB from files (read, opened and hashed, 2 or 4 threads on 2 cores,
+# alone): 1 MiB runs took 29-32 ms against 37-39 ms for whole chunks; 256 KiB runs
+# gained 1 ms or less, 2 MiB runs a little less than 1 MiB ones.
 PIECE = 1 << 20
 Landed = Callable[[int, int], None]  # (bytes in the buffer so far, the object's size)
 

@@ -44,9 +44,12 @@ class Sealed:
         return Trail(seal, chunk_id or self.id, self.scratch, self.key)
 
     def runs(self) -> list[int]:
-        """The counts a store's read reports: PIECE at a time, then the rest."""
-        size = len(self.bytes)
-        return [*range(PIECE, size, PIECE), size]
+        return runs(len(self.bytes))
+
+
+def runs(size: int) -> list[int]:
+    """The counts a store's read of `size` bytes reports: PIECE at a time, then the rest."""
+    return [*range(PIECE, size, PIECE), size]
 
 
 def segments(size: int) -> tuple[bytearray, list[memoryview]]:
@@ -161,7 +164,7 @@ def test_tampering_is_refused_on_the_trail(chunk, how):
     _, segs = segments(SIZE)
     trail, size = _tampered(chunk, how)
     trail.arrived(segs)
-    for n in [*range(PIECE, size, PIECE), size]:
+    for n in runs(size):
         trail.landed(n, size)
     with pytest.raises((ChunkCorrupt, UnknownKey)):
         trail.finish(size, segs)

@@ -2,17 +2,19 @@
 
     .venv/bin/python benchmarks/restore_phases.py [--model smollm2] [--depth 2048]
         [--rounds 6] [--mlx-cache-limit 2GiB] [--s3] [--latency-ms 20]
+        [--database-url postgresql://postgres@127.0.0.1:5432/phases]
 
 Publishes the exact cut of a `depth`-token prompt (read_path.py's) into a fresh vault in
-a temporary folder (SQLite, and a local directory or, with --s3, a SeaweedFS started
-here), opens a new Service on it (an empty resident tier), then restores the cut into a
-slot `rounds` times through the durable tier's reader, timing each phase: find (the
-catalog query), manifest (open and verify it, the chunks already on their way), intake
-(allocate the shadow caches the cut becomes), fill (every chunk read, opened and
-re-hashed straight into them) and commit (heads checked, the swap, the caches
-evaluated). --latency-ms adds that much to every read of the restoring service's store,
-as a store across a network would (a wrapper around the real store). Prints the first
-round (fresh memory) and the median of the rest.
+a temporary folder (SQLite, or the empty database --database-url names, which the run
+migrates; a local directory or, with --s3, a SeaweedFS started here), opens a new
+Service on it (an empty resident tier), then restores the cut into a slot `rounds` times
+through the durable tier's reader, timing each phase: find (the catalog query; from S3
+it brings the cut's chunk list), manifest (open and verify it, the chunks already on
+their way), intake (allocate the shadow caches the cut becomes), fill (every chunk read,
+opened and re-hashed straight into them) and commit (heads checked, the swap, the
+caches evaluated). --latency-ms adds that much to every read of the restoring service's
+store, as a store across a network would (a wrapper around the real store). Prints the
+first round (fresh memory) and the median of the rest.
 """
 
 from __future__ import annotations
@@ -43,10 +45,10 @@ PHASES = ("find", "manifest", "intake", "fill", "commit")
 def main() -> None:
     opts = options(__doc__, rounds=6, more=_more)
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        env = None
+        env = {"KVPACK_DATABASE_URL": opts.database_url} if opts.database_url else {}
         if opts.s3:
             server = stack.enter_context(start_seaweedfs(Path(tmp) / "s3"))
-            env = server.s3.env() | {"KVPACK_STORE_URL": "s3://phases/vault"}
+            env |= server.s3.env() | {"KVPACK_STORE_URL": "s3://phases/vault"}
         settings = vault_settings(tmp, opts, env)
         if opts.s3:
             ensure_bucket(settings.s3_config())
@@ -69,7 +71,8 @@ def main() -> None:
             vault.close()
     limit = opts.mlx_cache_limit or "-"
     store = "SeaweedFS" if opts.s3 else "local dir"
-    print(f"model {opts.model}, depth {opts.depth}, {mb:.1f} MB, {store}, "
+    catalog = opts.database_url.split(":")[0] if opts.database_url else "sqlite"
+    print(f"model {opts.model}, depth {opts.depth}, {mb:.1f} MB, {store} + {catalog}, "
           f"+{opts.latency_ms:g} ms a read, mlx_cache_limit {limit}")  # fmt: skip
     print(f"{'':12s}" + "".join(f"{p:>10s}" for p in (*PHASES, "total")) + "      MB/s")
     rest = [statistics.median(column) for column in zip(*rounds[1:], strict=True)]
@@ -82,6 +85,7 @@ def main() -> None:
 def _more(args: Any) -> None:
     args.add_argument("--s3", action="store_true", help="a SeaweedFS started here")
     args.add_argument("--latency-ms", type=float, default=0.0, help="added to every read")
+    args.add_argument("--database-url", help="an empty catalog database (default: SQLite)")
 
 
 class Delayed:

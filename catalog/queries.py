@@ -16,7 +16,7 @@ Words (see docs/architecture.md):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -57,6 +57,9 @@ class Cut:
     producer: str
     provenance: str
     object_key: str
+    # (chunk id hex, plaintext size) of its parts in part order, where the lookup read
+    # them with the row (find_deepest's with_chunks); else None.
+    chunks: tuple[tuple[str, int], ...] | None = field(default=None, compare=False)
 
     @classmethod
     def of(cls, row: Any) -> Cut:
@@ -105,9 +108,12 @@ def find_deepest(
     chain: TokenChain,
     deeper_than: int = 0,
     at_most: int | None = None,
+    with_chunks: bool = False,
 ) -> Cut | None:
     """The deepest sealed cut that can serve this prompt under this identity, in one
-    indexed query, with depth in (deeper_than, at_most].
+    indexed query, with depth in (deeper_than, at_most]. `with_chunks`: the cut carries
+    its chunk list (Cut.chunks), read in the same statement on PostgreSQL, so a reader
+    can fetch its chunks without asking the catalog again.
 
     Every link of the chain is a candidate: aligned links name ancestors, the exact-end
     link names the prompt itself. A cut at the prompt's full depth serves only with
@@ -123,9 +129,11 @@ def find_deepest(
         return None
     if session.get_bind().dialect.name == "postgresql":
         parameters = find_deepest_parameters(identity=identity, chain=chain, links=links)
-        result = session.connection().exec_driver_sql(FIND_DEEPEST_POSTGRES, parameters)
-        row = result.one_or_none()
-        return None if row is None else Cut.of(row)
+        statement = FIND_DEEPEST_WITH_CHUNKS_POSTGRES if with_chunks else FIND_DEEPEST_POSTGRES
+        row = session.connection().exec_driver_sql(statement, parameters).one_or_none()
+        if row is None or not with_chunks:
+            return None if row is None else Cut.of(row)
+        return replace(Cut.of(row), chunks=tuple((c, size) for c, size in row.chunks or ()))
     m = ManifestRow
     row = session.execute(
         select(*CUT_COLUMNS)
@@ -141,7 +149,10 @@ def find_deepest(
         .order_by(m.depth.desc())
         .limit(1)
     ).one_or_none()
-    return None if row is None else Cut.of(row)
+    if row is None or not with_chunks:
+        return None if row is None else Cut.of(row)
+    listed = manifest_chunk_refs(session=session, manifest_id=ManifestId.from_hex(row.id))
+    return replace(Cut.of(row), chunks=tuple(listed))
 
 
 def _links(
@@ -176,6 +187,17 @@ JOIN {ManifestRow.__tablename__} AS m
 WHERE (m.depth = %(depth)s AND m.logits_witnessed) OR (m.depth < %(depth)s AND m.aligned)
 ORDER BY m.depth DESC
 LIMIT 1"""
+
+# The same, with the found cut's chunk list ([[chunk id hex, size], ...] in part order)
+# from its manifest_chunks rows: computed for the one row found.
+FIND_DEEPEST_WITH_CHUNKS_POSTGRES = f"""\
+SELECT found.*, (
+  SELECT json_agg(json_build_array(mc.chunk, c.size) ORDER BY mc.ordinal)
+  FROM {ManifestChunkRow.__tablename__} AS mc
+  JOIN {ChunkRow.__tablename__} AS c ON c.id = mc.chunk
+  WHERE mc.manifest = found.id
+) AS chunks
+FROM ({FIND_DEEPEST_POSTGRES}) AS found"""
 
 
 def get_cut(*, session: Session, manifest_id: ManifestId) -> Cut | None:

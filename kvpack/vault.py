@@ -26,6 +26,9 @@
   49.1 ms after; on loopback without the delay, within the noise. On a local directory
   early reads only slowed the manifest's open (2,048 tokens: 0.7–0.8 → 3.4–6.1 ms), so
   there the chunks follow it.
+- the chunk list comes with the lookup: from a remote store, find's one statement
+  brings the found cut's list too, so no catalog call stands between a restore's start
+  and its first chunk read.
 """
 
 from __future__ import annotations
@@ -202,7 +205,9 @@ class Vault:
     def find(
         self, scope: Scope, chain: TokenChain, *, deeper_than: int = 0, at_most: int | None = None
     ) -> Cut | None:
-        """The deepest cut that can serve this chain (one indexed catalog query)."""
+        """The deepest cut that can serve this chain (one indexed catalog query). From a
+        remote store it carries its chunk list, read by the same query, so that read_cut
+        starts its chunk reads without another catalog call."""
         return self.read(
             lambda s: queries.find_deepest(
                 session=s,
@@ -210,6 +215,7 @@ class Vault:
                 chain=chain,
                 deeper_than=deeper_than,
                 at_most=at_most,
+                with_chunks=self.objects.remote,
             )
         )
 
@@ -239,7 +245,8 @@ class Vault:
     def read_cut(self, cut: Cut, scope: Scope) -> Reading:
         """The cut's manifest opened and verified as open_cut does, and its chunks on
         their way into scratch buffers. From a remote store they are fetched as the
-        catalog lists them while the manifest is still arriving, so the reader pays one
+        catalog lists them (the list find read with the cut, else one catalog call)
+        while the manifest is still arriving, so the reader pays one
         round trip, not the manifest's and then the chunks' (a manifest whose parts are
         not that list is ManifestInvalid: the row and the object disagree); from a local
         one, once the manifest named them, since early reads there only compete with the
@@ -267,9 +274,11 @@ class Vault:
         return reading
 
     def _listed_chunks(self, cut: Cut) -> list[ChunkRef]:
-        listed = self.read(
-            lambda s: queries.manifest_chunk_refs(session=s, manifest_id=cut.manifest_id)
-        )
+        listed: Sequence[tuple[str, int]] | None = cut.chunks
+        if listed is None:  # a cut that did not come from find: its list is one more call
+            listed = self.read(
+                lambda s: queries.manifest_chunk_refs(session=s, manifest_id=cut.manifest_id)
+            )
         return [ChunkRef(ChunkId.from_hex(c), size) for c, size in listed]
 
     def publish(

@@ -1,8 +1,8 @@
 """The durable tier: the vault's catalog and object store, the sole authority.
 
 - find: one `find_deepest` query (catalog/queries.py) over the ask's token chain. Its
-  answer carries the catalog row's facts, so load reads the catalog again only for the
-  row's chunk list, from a remote store, while the manifest is on its way.
+  answer carries the catalog row's facts and, from a remote store, the row's chunk
+  list, so load does not read the catalog again.
 - load: the manifest object, its MAC and its agreement with the row (catalog/publish.py
   open_cut), with the chunks' fetch started (kvpack/vault.py read_cut: from a remote
   store at once, as the catalog lists them, so one round trip comes before the bytes

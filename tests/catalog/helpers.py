@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -46,8 +47,10 @@ def add_cut(
     logits: bool = True,
     nbytes: int = 100,
     at: datetime | None = None,
+    chunks: Sequence[tuple[str, int]] = (),
 ) -> ManifestId:
-    """A catalog row for the cut after history[:depth] (no objects: for query tests)."""
+    """A catalog row for the cut after history[:depth] (no objects: for query tests),
+    referencing `chunks` ((chunk id hex, size), their rows made) in that order."""
     chain = token_chain(history[:depth], alignment=A)
     now = at or datetime.now(UTC)
     queries.ensure_identity(session=session, identity=ident, components={"t": 1}, now=now)
@@ -67,7 +70,11 @@ def add_cut(
         "object_key": f"manifests/{ident.hex}/{mid.hex}",
         "created_at": now,
     }
-    assert queries.insert_manifest(session=session, row=row, chunks=[])
+    if chunks:
+        sizes = dict(chunks)
+        queries.reserve_chunks(session=session, chunks=sizes, now=now, stored_sizes={})
+    listed = [(f"part/{i}", chunk) for i, (chunk, _) in enumerate(chunks)]
+    assert queries.insert_manifest(session=session, row=row, chunks=listed)
     return mid
 
 

@@ -132,6 +132,32 @@ def test_least_recently_hit_orders_never_hit_by_creation(db_session):
     assert order.index(m2) < order.index(m3) < order.index(m1)
 
 
+def test_find_deepest_brings_the_found_cuts_chunk_list_when_asked(db_session):
+    """with_chunks: the cut found carries its own chunk list, in part order (not id
+    order), and not a shallower candidate's; in one statement on PostgreSQL. Without it
+    the cut carries none."""
+    h = tokens(12, 700)
+    add_cut(db_session, ident=ALICE, history=h, depth=256, chunks=[("aa" * 32, 5)])
+    listed = [("ff" * 32, 11), ("0b" * 32, 7), ("aa" * 32, 5)]
+    add_cut(db_session, ident=ALICE, history=h, depth=512, chunks=listed)
+    conn = db_session.connection()
+    seen = []
+
+    def capture(_conn, _cursor, statement, *_rest):
+        seen.append(statement)
+
+    event.listen(conn, "before_cursor_execute", capture)
+    try:
+        cut = deepest(db_session, ALICE, h[:600], with_chunks=True)
+    finally:
+        event.remove(conn, "before_cursor_execute", capture)
+    assert cut.depth == 512 and cut.chunks == tuple(listed)
+    assert len(seen) == (1 if conn.dialect.name == "postgresql" else 2)
+    assert deepest(db_session, ALICE, h[:600]).chunks is None
+    assert deepest(db_session, ALICE, h[:300], with_chunks=True).chunks == (("aa" * 32, 5),)
+    assert deepest(db_session, BOB, h[:600], with_chunks=True) is None
+
+
 def test_find_deepest_is_one_query_served_by_the_identity_chain_index(db_session):
     """find_deepest issues exactly one statement, planned on ix_manifests_identity_chain
     (PostgreSQL: with sequential scans disabled, as the tiny test table would prefer them)."""

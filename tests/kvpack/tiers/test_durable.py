@@ -3,6 +3,7 @@ catalog once more only from a remote store (the chunk list it fetches ahead)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -41,21 +42,38 @@ def statements(svc, run):
     return result, seen
 
 
-def test_a_lookup_is_one_catalog_query_and_a_load_reads_at_most_the_chunk_list(service):
-    """find is one indexed find_deepest (the exact-needs-logits rule inside it), and
-    load opens the manifest the Cut names without reading its row again: from S3 its one
-    query is the row's chunk list, which the reader fetches while the manifest is on its
-    way; from a local directory it reads the catalog not at all."""
+def test_a_lookup_is_one_catalog_call_and_a_load_reads_the_catalog_no_more(service):
+    """find is one indexed find_deepest (the exact-needs-logits rule inside it) that,
+    from S3 (with PostgreSQL), also brings the found row's chunk list, which the reader
+    fetches while the manifest is on its way; load opens the manifest the Cut names
+    without reading the catalog again. A Cut that did not come from find (get_cut's)
+    costs a remote load the list's query."""
     durable = service.durable
     request = Ask.of(service.tenant("default").scope, P)
     candidate, found = statements(service, lambda: durable.find(request))
     assert candidate is not None and candidate.depth == len(P)
     assert len(found) == 1 and re.search(r"(FROM|JOIN) manifests\b", found[0])
-    loaded, during_load = statements(service, lambda: durable.load(candidate, request))
-    if service.vault.objects.remote:
-        assert len(during_load) == 1 and "FROM manifest_chunks" in during_load[0]
+    remote = service.vault.objects.remote
+    if remote:
+        manifest = service.vault.open_cut(candidate.handle, request.scope).manifest
+        assert "FROM manifest_chunks" in found[0]
+        assert candidate.handle.chunks == tuple((r.id.hex, r.size) for r in manifest.chunk_refs)
     else:
-        assert during_load == []
+        assert candidate.handle.chunks is None
+    loaded, during_load = statements(service, lambda: durable.load(candidate, request))
+    assert during_load == []
+    loaded.close()
+    bare = dataclasses.replace(
+        candidate, handle=service.vault.get_cut(candidate.handle.manifest_id)
+    )
+    assert bare.handle == candidate.handle and bare.handle.chunks is None
+    reread, during_bare = statements(service, lambda: durable.load(bare, request))
+    reread.close()
+    if remote:
+        assert len(during_bare) == 1 and "FROM manifest_chunks" in during_bare[0]
+    else:
+        assert during_bare == []
+    loaded = durable.load(candidate, request)
     assert loaded.manifest_bytes == candidate.handle.bytes
     assert isinstance(loaded.cut, CutReader) and loaded.cut.installed is None
     slot = service.tenant("default").pool.slot(0)

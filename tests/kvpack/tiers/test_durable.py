@@ -1,5 +1,6 @@
-"""The durable tier against a real vault: one catalog query per lookup; a load reads the
-catalog once more only from a remote store (the chunk list it fetches ahead)."""
+"""The durable tier against a real vault: one catalog query per lookup, which from a
+remote store also brings the chunk list the reader fetches ahead; a load reads the
+catalog again only for a cut that did not come from a lookup."""
 
 from __future__ import annotations
 

@@ -182,7 +182,10 @@ class ChunkStore:
     async def _fetch_into(self, ref: ChunkRef, areas: asyncio.Future[list[Area]], i: int) -> None:
         with self.scratch.lend(max_sealed_size(ref.size)) as scratch:
             trail = Trail(self._seal, ref.id, scratch, self._digest_key)
-            areas.add_done_callback(lambda made: _arrived_at(made, i, trail))
+            if areas.done():  # a callback would wait a loop turn, maybe past the first runs
+                _arrived_at(areas, i, trail)
+            else:
+                areas.add_done_callback(lambda made: _arrived_at(made, i, trail))
             try:
                 n = await self._read(self.key(ref.id), scratch, trail)
             except ObjectMissing as e:

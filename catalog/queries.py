@@ -131,11 +131,26 @@ def find_deepest(
         parameters = find_deepest_parameters(identity=identity, chain=chain, links=links)
         statement = FIND_DEEPEST_WITH_CHUNKS_POSTGRES if with_chunks else FIND_DEEPEST_POSTGRES
         row = session.connection().exec_driver_sql(statement, parameters).one_or_none()
-        if row is None or not with_chunks:
-            return None if row is None else Cut.of(row)
-        return replace(Cut.of(row), chunks=tuple((c, size) for c, size in row.chunks or ()))
+        listed = (row.chunks or []) if row is not None and with_chunks else None
+    else:
+        row, listed = _find_deepest_elsewhere(session, identity, chain, links), None
+        if row is not None and with_chunks:  # a second statement
+            listed = manifest_chunk_refs(session=session, manifest_id=ManifestId.from_hex(row.id))
+    if row is None:
+        return None
+    cut = Cut.of(row)
+    return cut if listed is None else replace(cut, chunks=tuple((c, n) for c, n in listed))
+
+
+def _find_deepest_elsewhere(
+    session: Session,
+    identity: IdentityDigest,
+    chain: TokenChain,
+    links: list[tuple[int, ChainDigest]],
+) -> Any:
+    """find_deepest's row on a dialect other than PostgreSQL (SQLite), compiled per call."""
     m = ManifestRow
-    row = session.execute(
+    return session.execute(
         select(*CUT_COLUMNS)
         .where(
             m.identity == identity.hex,
@@ -149,10 +164,6 @@ def find_deepest(
         .order_by(m.depth.desc())
         .limit(1)
     ).one_or_none()
-    if row is None or not with_chunks:
-        return None if row is None else Cut.of(row)
-    listed = manifest_chunk_refs(session=session, manifest_id=ManifestId.from_hex(row.id))
-    return replace(Cut.of(row), chunks=tuple(listed))
 
 
 def _links(

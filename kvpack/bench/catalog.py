@@ -10,6 +10,11 @@
   catalog's unique idempotency key makes it). Chain links are random 32-byte digests,
   shared exactly where histories share tokens (what a real chain's digests look like to
   the catalog). Only the tables find_deepest reads are filled (identities, manifests).
+- chunk lists (--chunk-lists): also each cut's chunk list (chunks, manifest_chunks) as
+  the service records it — a chunk per block, shared wherever histories share the
+  block's tokens, then a logits chunk for an exact cut — and every lookup made as a
+  vault on a remote store makes it: `find` brings the found cut's list in the same
+  statement (kvpack/vault.py). The validity gate checks each list too.
 - legs: lookups through Vault.find, the server's own path (the catalog breaker, the
   Reader, the query): exact hits of prompts at three depth ranges, ancestor hits (a new
   turn extending a published prompt: its deepest aligned cut serves), misses (a chain
@@ -41,11 +46,17 @@ import psycopg
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
+from cas.store import ObjectStore
 from catalog.chain import TokenChain
 from catalog.db import normalize_database_url
 from catalog.ids import ChainDigest, IdentityDigest
-from catalog.models import IdentityRow, ManifestRow
-from catalog.queries import FIND_DEEPEST_POSTGRES, find_deepest_parameters
+from catalog.models import ChunkRow, IdentityRow, ManifestChunkRow, ManifestRow
+from catalog.queries import (
+    FIND_DEEPEST_POSTGRES,
+    FIND_DEEPEST_WITH_CHUNKS_POSTGRES,
+    Cut,
+    find_deepest_parameters,
+)
 from catalog.scope import Scope
 from kvpack.bench.serve import new_run_id, write_receipt
 from kvpack.config import Settings
@@ -56,6 +67,7 @@ DURABLE_EVERY = 2048  # the service publishes durable cuts at these multiples
 BLOCK_BYTES = 11_796_480  # one 256-token block of the demo model's state (11.25 MiB)
 HIT_RANGES = {"hit <= 1k": (1, 1024), "hit 1k-4k": (1025, 4096), "hit 4k-8k": (4097, 8448)}
 LEGS = (*HIT_RANGES, "ancestor hit", "miss", "round trip")
+LOGITS_BYTES = 196_608  # the demo model's final logits row (49,152 float32)
 RECEIPT_VERSION = 1
 
 
@@ -70,6 +82,7 @@ class CatalogBenchOptions:
     explain_samples: int = 50
     seed: int = 0
     keep: bool = False
+    chunk_lists: bool = False  # fill the chunk lists and look up as from a remote store
 
 
 @dataclass
@@ -121,7 +134,9 @@ class Fill:
         # The only links conversations share; each is one manifest however many publish it.
         self._shared = {c for ps in self.prompts.values() for p in ps for _, c in p}
         self._published_shared: set[ChainDigest] = set()
+        self._listed_shared: set[ChainDigest] = set()  # shared blocks with a chunk row
         self.rows = 0
+        self.chunk_rows = self.list_rows = 0  # chunks, manifest_chunks
         self.sample: list[Conversation] = []  # a reservoir of conversations to look up
         self._seen = 0
 
@@ -179,13 +194,14 @@ class Fill:
         elif (j := self.rng.randrange(self._seen)) < size:
             self.sample[j] = conv
 
-    def copy_rows(self, out: io.StringIO, limit: int) -> None:
-        """Tab-separated manifest rows until `limit` rows (whole conversations)."""
+    def copy_rows(self, out: Rows, limit: int) -> None:
+        """Tab-separated rows until `limit` manifest rows (whole conversations)."""
         now = datetime.now(UTC).isoformat()
         producer = "bench-producer"
         while self.rows < limit:
             conv = self.conversation()
             self.keep(conv)
+            listed: set[ChainDigest] = set()  # this conversation's blocks with a chunk row
             for ident, depth, chain, exact in self.cuts(conv):
                 mid = self.rng.randbytes(16).hex()
                 gen = 1_700_000_000_000_000_000 + self.rows
@@ -196,19 +212,70 @@ class Fill:
                     "local", self.rng.randbytes(32).hex(),
                     f"manifests/{ident.hex}/{mid}-{gen}", now, "0",
                 )  # fmt: skip
-                out.write("\t".join(fields))
-                out.write("\n")
+                out.manifests.write("\t".join(fields) + "\n")
+                if self.opts.chunk_lists:
+                    self._chunk_list(out, conv, mid, depth, exact, listed, now)
                 self.rows += 1
+
+    def _chunk_list(
+        self,
+        out: Rows,
+        conv: Conversation,
+        mid: str,
+        depth: int,
+        exact: bool,
+        listed: set[ChainDigest],
+        now: str,
+    ) -> None:
+        """A cut's chunk rows: a block's chunk is named by its aligned link (equal
+        histories, equal block, one chunk), an exact cut's partial last block and its
+        logits by chunks of their own."""
+        blocks = [c for _, c in conv.links[: depth // A]]
+        parts = [(f"block/{i}", c.hex) for i, c in enumerate(blocks)]
+        for c in blocks:
+            shared = c in self._shared
+            if c not in (self._listed_shared if shared else listed):
+                (self._listed_shared if shared else listed).add(c)
+                out.chunks.write(f"{c.hex}\t{BLOCK_BYTES}\t{BLOCK_BYTES}\t{now}\t{now}\n")
+                self.chunk_rows += 1
+        if exact:
+            tail = (depth % A) * BLOCK_BYTES // A
+            for role, size in ((f"block/{depth // A}", tail), ("logits", LOGITS_BYTES)):
+                chunk = self.rng.randbytes(32).hex()
+                out.chunks.write(f"{chunk}\t{size}\t{size}\t{now}\t{now}\n")
+                self.chunk_rows += 1
+                parts.append((role, chunk))
+        for ordinal, (role, chunk) in enumerate(parts):
+            out.manifest_chunks.write(f"{mid}\t{ordinal}\t{role}\t{chunk}\n")
+        self.list_rows += len(parts)
+
+
+@dataclass
+class Rows:
+    """One batch of COPY text per table."""
+
+    manifests: io.StringIO = field(default_factory=io.StringIO)
+    chunks: io.StringIO = field(default_factory=io.StringIO)
+    manifest_chunks: io.StringIO = field(default_factory=io.StringIO)
+
+
+def expected_chunks(depth: int) -> int:
+    """How many chunks the cut at `depth` lists: its blocks, and for an exact
+    cut (never aligned here) its partial last block and its logits."""
+    return depth // A if depth % A == 0 else depth // A + 2
 
 
 MANIFEST_COLUMNS = (
     "id", "identity", "depth", "chain", "aligned", "logits_witnessed", "bytes", "generation",
     "producer", "provenance", "idempotency_key", "object_key", "created_at", "hits",
 )  # fmt: skip
+CHUNK_COLUMNS = ("id", "size", "stored_size", "first_stored_at", "last_referenced_at")
+MANIFEST_CHUNK_COLUMNS = ("manifest", "ordinal", "role", "chunk")
 
 
 def fill(conn: psycopg.Connection, fill_: Fill, *, log: Callable[[str], None]) -> float:
-    """COPY the identities and `manifests` rows; ANALYZE; the seconds it took."""
+    """COPY the identities and `manifests` rows (and their chunk lists); ANALYZE; the
+    seconds it took."""
     t0 = time.perf_counter()
     now = datetime.now(UTC)
     with conn.cursor() as cur:
@@ -219,15 +286,21 @@ def fill(conn: psycopg.Connection, fill_: Fill, *, log: Callable[[str], None]) -
                 (ident.hex, now, "bench", "bench"),
             )
         batch = 50_000
-        columns = ", ".join(MANIFEST_COLUMNS)
+        tables = ((ManifestRow, MANIFEST_COLUMNS, "manifests"), (ChunkRow, CHUNK_COLUMNS, "chunks"),
+                  (ManifestChunkRow, MANIFEST_CHUNK_COLUMNS, "manifest_chunks"))  # fmt: skip
         while fill_.rows < fill_.opts.manifests:
-            buf = io.StringIO()
-            fill_.copy_rows(buf, min(fill_.rows + batch, fill_.opts.manifests))
-            with cur.copy(f"COPY {ManifestRow.__tablename__} ({columns}) FROM STDIN") as copy:
-                copy.write(buf.getvalue())
+            rows = Rows()
+            fill_.copy_rows(rows, min(fill_.rows + batch, fill_.opts.manifests))
+            for table, columns, name in tables:  # in this order: the foreign keys
+                text_ = getattr(rows, name).getvalue()
+                if text_:
+                    sql = f"COPY {table.__tablename__} ({', '.join(columns)}) FROM STDIN"
+                    with cur.copy(sql) as copy:
+                        copy.write(text_)
             log(f"  {fill_.rows:,} manifests ({time.perf_counter() - t0:.0f} s)")
         conn.commit()
-        cur.execute(f"ANALYZE {ManifestRow.__tablename__}")
+        for table, _, _ in tables:
+            cur.execute(f"ANALYZE {table.__tablename__}")
     conn.commit()
     return time.perf_counter() - t0
 
@@ -277,6 +350,14 @@ def run(opts: CatalogBenchOptions, *, log: Callable[[str], None] = print) -> dic
     ):
         settings = Settings.load(data_dir=Path(data_dir), database_url=url, env={})
         vault = Vault.open(settings)  # migrates the fresh database to head
+        if opts.chunk_lists:
+            vault.close()
+            vault = Vault(
+                db=settings.make_engine(),
+                objects=AsRemote(settings.open_store()),
+                keyring=settings.keyring(),
+                producer_keys=settings.producer_keys(),
+            )
         try:
             fill_ = Fill(opts)
             log(f"filling {opts.manifests:,} manifests ...")
@@ -290,6 +371,8 @@ def run(opts: CatalogBenchOptions, *, log: Callable[[str], None] = print) -> dic
         run_id=run_id,
         options=asdict(opts) | {"database_url": _redacted(opts.database_url)},
         manifests=fill_.rows,
+        chunk_rows=fill_.chunk_rows,
+        manifest_chunk_rows=fill_.list_rows,
         fill_seconds=round(fill_s, 1),
     )
     receipt["valid"] = all(leg["wrong"] == 0 for leg in receipt["legs"].values())
@@ -315,7 +398,7 @@ def measure(
         t = time.perf_counter()
         cut = vault.find(scopes[ident], chain)
         legs[name].ms.append((time.perf_counter() - t) * 1e3)
-        if (None if cut is None else cut.depth) != expected:
+        if not _as_expected(cut, chain, expected, lists=opts.chunk_lists):
             legs[name].wrong += 1
         if i % max(1, len(order) // opts.samples) == 0 and len(trips) < opts.samples:
             t = time.perf_counter()
@@ -329,12 +412,38 @@ def measure(
     return {"legs": report}
 
 
+def _as_expected(cut: Cut | None, chain: TokenChain, depth: int | None, *, lists: bool) -> bool:
+    """The cut the fill says must serve; with lists, carrying its chunk list (its
+    length, and its first block named by the chain's first link)."""
+    if (None if cut is None else cut.depth) != depth:
+        return False
+    if cut is None or depth is None or not lists:
+        return True
+    listed = cut.chunks or ()
+    first = listed[0][0] if listed else None
+    return len(listed) == expected_chunks(depth) and first == chain.links[0][1].hex
+
+
+class AsRemote:
+    """A local store that says it is remote: the vault's `find` then brings the found
+    cut's chunk list, as from S3 (the bench reads no object)."""
+
+    remote = True
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 def explain(
     vault: Vault, planned: dict[str, list[tuple[IdentityDigest, TokenChain, int | None]]], n: int
 ) -> dict[str, dict[str, float]]:
     """Per leg: the server's median planning and execution ms (EXPLAIN ANALYZE)."""
     out: dict[str, dict[str, float]] = {}
-    statement = f"EXPLAIN (ANALYZE, FORMAT JSON) {FIND_DEEPEST_POSTGRES}"
+    found = FIND_DEEPEST_WITH_CHUNKS_POSTGRES if vault.objects.remote else FIND_DEEPEST_POSTGRES
+    statement = f"EXPLAIN (ANALYZE, FORMAT JSON) {found}"
     with vault.db.connect() as conn:
         for name, asks in planned.items():
             if not asks:
@@ -393,8 +502,10 @@ def fresh_database(
 
 def format_table(receipt: dict[str, Any]) -> str:
     lines = [
-        f"find_deepest, PostgreSQL, {receipt['manifests']:,} manifests "
-        f"(filled in {receipt['fill_seconds']} s); ms from Python (Vault.find), and the "
+        f"find_deepest, PostgreSQL, {receipt['manifests']:,} manifests"
+        f"{lists(receipt)} "
+        f"(filled in {receipt['fill_seconds']} s); ms from Python (Vault.find"
+        f"{', with the chunk list' if receipt['options']['chunk_lists'] else ''}), and the "
         "server's own (EXPLAIN ANALYZE, median)",
         f"{'leg':<14} {'lookups':>8} {'links':>6} {'p50':>8} {'p90':>8} {'p99':>8} "
         f"{'plan':>7} {'exec':>7} {'wrong':>6}",
@@ -412,6 +523,14 @@ def format_table(receipt: dict[str, Any]) -> str:
         )
     lines.append("valid" if receipt["valid"] else "INVALID: a lookup answered the wrong cut")
     return "\n".join(lines)
+
+
+def lists(receipt: dict[str, Any]) -> str:
+    """The chunk rows of a fill with chunk lists, as the table's title says them."""
+    if not receipt["manifest_chunk_rows"]:
+        return ""
+    listed, distinct = receipt["manifest_chunk_rows"], receipt["chunk_rows"]
+    return f" listing {listed:,} chunks ({distinct:,} distinct)"
 
 
 def save(receipt: dict[str, Any], receipts_dir: Path) -> Path:

@@ -29,6 +29,9 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--samples", type=positive_int, default=2000, help="timed lookups per leg")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", action="store_true", help="keep the bench database afterwards")
+    p.add_argument("--chunk-lists", action="store_true",
+                   help="fill every cut's chunk list and look up as from a remote store, "
+                        "which reads the found cut's list with it")  # fmt: skip
     p.add_argument("--receipts-dir", type=Path, default=Path("receipts"))
     p.set_defaults(func=run)
 
@@ -43,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         samples=args.samples,
         seed=args.seed,
         keep=args.keep,
+        chunk_lists=args.chunk_lists,
     )
     try:
         receipt = bench(opts, log=lambda m: print(m, file=sys.stderr, flush=True))

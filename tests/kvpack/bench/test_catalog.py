@@ -1,5 +1,6 @@
 """kvpack bench-catalog: a small fill on the real PostgreSQL, every leg answered as the fill
-says it must be (the validity gate), the receipt, and the database dropped afterwards."""
+says it must be (the validity gate; with --chunk-lists, each found cut's list too), the
+receipt, and the database dropped afterwards."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ import psycopg
 import pytest
 
 from kvpack import cli
-from kvpack.bench.catalog import LEGS, CatalogBenchOptions, Fill, lookups
+from kvpack.bench.catalog import (
+    LEGS,
+    CatalogBenchOptions,
+    Fill,
+    Rows,
+    expected_chunks,
+    lookups,
+)
 from tests.fixtures.db import DEFAULT_PG_URL, DatabaseFactory
 
 SERVER = os.environ.get("KVPACK_TEST_PG_URL", DEFAULT_PG_URL)
@@ -43,12 +51,46 @@ def test_lookups_expect_the_cuts_the_fill_published():
             assert max(served, default=None) == expected, name
 
 
+def test_chunk_lists_name_each_block_once_and_share_equal_histories_blocks():
+    """Every cut lists its blocks in order, then (exact) its partial block and logits;
+    every listed chunk has one chunk row; cuts that share a history name its blocks by
+    the same chunks."""
+    opts = CatalogBenchOptions(database_url=SERVER, manifests=3000, samples=100, chunk_lists=True)
+    fill, rows = Fill(opts), Rows()
+    fill.copy_rows(rows, 3000)
+    depths = {r.split("\t")[0]: int(r.split("\t")[2]) for r in _lines(rows.manifests)}
+    chunk_rows = [r.split("\t")[0] for r in _lines(rows.chunks)]
+    assert len(chunk_rows) == len(set(chunk_rows)), "a chunk row written twice"
+    lists: dict[str, list[tuple[int, str, str]]] = {}
+    for r in _lines(rows.manifest_chunks):
+        mid, ordinal, role, chunk = r.split("\t")
+        lists.setdefault(mid, []).append((int(ordinal), role, chunk))
+    assert set(lists) == set(depths)
+    by_block: dict[str, set[str]] = {}
+    for mid, listed in lists.items():
+        depth = depths[mid]
+        assert [o for o, _, _ in listed] == list(range(expected_chunks(depth)))
+        blocks = [role for _, role, _ in listed if role.startswith("block/")]
+        assert blocks == [f"block/{i}" for i in range(-(-depth // 256))]
+        assert (listed[-1][1] == "logits") == (depth % 256 != 0)
+        assert set(chunk for _, _, chunk in listed) <= set(chunk_rows)
+        for _, _, chunk in listed:
+            by_block.setdefault(chunk, set()).add(mid)
+    shared = [mids for mids in by_block.values() if len(mids) > 1]
+    assert shared, "no block shared between cuts: equal histories must share chunks"
+
+
+def _lines(buf) -> list[str]:
+    return [line for line in buf.getvalue().split("\n") if line]
+
+
 @pytest.mark.postgres
-def test_bench_catalog_fills_times_every_leg_and_drops_its_database(tmp_path, capsys):
+@pytest.mark.parametrize("lists", [False, True], ids=["row", "with chunk lists"])
+def test_bench_catalog_fills_times_every_leg_and_drops_its_database(tmp_path, capsys, lists):
     DatabaseFactory("postgres", tmp_path)  # skips (or fails under CI) without PostgreSQL
     before = _databases()
     argv = ["bench-catalog", "--database-url", SERVER, "--manifests", "2000", "--samples", "30",
-            "--receipts-dir", str(tmp_path)]  # fmt: skip
+            "--receipts-dir", str(tmp_path), *(["--chunk-lists"] if lists else [])]  # fmt: skip
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "valid" in out and "INVALID" not in out

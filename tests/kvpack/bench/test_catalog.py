@@ -4,6 +4,7 @@ receipt, and the database dropped afterwards."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 
@@ -60,7 +61,8 @@ def test_chunk_lists_name_each_block_once_and_share_equal_histories_blocks():
     fill.copy_rows(rows, 3000)
     depths = {r.split("\t")[0]: int(r.split("\t")[2]) for r in _lines(rows.manifests)}
     chunk_rows = [r.split("\t")[0] for r in _lines(rows.chunks)]
-    assert len(chunk_rows) == len(set(chunk_rows)), "a chunk row written twice"
+    assert len(chunk_rows) == len(set(chunk_rows)) == fill.chunk_rows, "a chunk row twice"
+    assert len(_lines(rows.manifest_chunks)) == fill.list_rows
     lists: dict[str, list[tuple[int, str, str]]] = {}
     for r in _lines(rows.manifest_chunks):
         mid, ordinal, role, chunk = r.split("\t")
@@ -80,7 +82,7 @@ def test_chunk_lists_name_each_block_once_and_share_equal_histories_blocks():
     assert shared, "no block shared between cuts: equal histories must share chunks"
 
 
-def _lines(buf) -> list[str]:
+def _lines(buf: io.StringIO) -> list[str]:
     return [line for line in buf.getvalue().split("\n") if line]
 
 

@@ -233,26 +233,28 @@ class Fill:
         blocks = [c for _, c in conv.links[: depth // A]]
         parts = [(f"block/{i}", c.hex) for i, c in enumerate(blocks)]
         for c in blocks:
-            shared = c in self._shared
-            if c not in (self._listed_shared if shared else listed):
-                (self._listed_shared if shared else listed).add(c)
-                out.chunks.write(f"{c.hex}\t{BLOCK_BYTES}\t{BLOCK_BYTES}\t{now}\t{now}\n")
-                self.chunk_rows += 1
+            seen = self._listed_shared if c in self._shared else listed
+            if c not in seen:
+                seen.add(c)
+                self._chunk_row(out, c.hex, BLOCK_BYTES, now)
         if exact:
             tail = (depth % A) * BLOCK_BYTES // A
             for role, size in ((f"block/{depth // A}", tail), ("logits", LOGITS_BYTES)):
                 chunk = self.rng.randbytes(32).hex()
-                out.chunks.write(f"{chunk}\t{size}\t{size}\t{now}\t{now}\n")
-                self.chunk_rows += 1
+                self._chunk_row(out, chunk, size, now)
                 parts.append((role, chunk))
         for ordinal, (role, chunk) in enumerate(parts):
             out.manifest_chunks.write(f"{mid}\t{ordinal}\t{role}\t{chunk}\n")
         self.list_rows += len(parts)
 
+    def _chunk_row(self, out: Rows, chunk: str, size: int, now: str) -> None:
+        out.chunks.write(f"{chunk}\t{size}\t{size}\t{now}\t{now}\n")
+        self.chunk_rows += 1
+
 
 @dataclass
 class Rows:
-    """One batch of COPY text per table."""
+    """One batch of COPY text per table, each field named after its table."""
 
     manifests: io.StringIO = field(default_factory=io.StringIO)
     chunks: io.StringIO = field(default_factory=io.StringIO)
@@ -286,13 +288,13 @@ def fill(conn: psycopg.Connection, fill_: Fill, *, log: Callable[[str], None]) -
                 (ident.hex, now, "bench", "bench"),
             )
         batch = 50_000
-        tables = ((ManifestRow, MANIFEST_COLUMNS, "manifests"), (ChunkRow, CHUNK_COLUMNS, "chunks"),
-                  (ManifestChunkRow, MANIFEST_CHUNK_COLUMNS, "manifest_chunks"))  # fmt: skip
+        tables = ((ManifestRow, MANIFEST_COLUMNS), (ChunkRow, CHUNK_COLUMNS),
+                  (ManifestChunkRow, MANIFEST_CHUNK_COLUMNS))  # fmt: skip
         while fill_.rows < fill_.opts.manifests:
             rows = Rows()
             fill_.copy_rows(rows, min(fill_.rows + batch, fill_.opts.manifests))
-            for table, columns, name in tables:  # in this order: the foreign keys
-                text_ = getattr(rows, name).getvalue()
+            for table, columns in tables:  # in this order: the foreign keys
+                text_ = getattr(rows, table.__tablename__).getvalue()
                 if text_:
                     sql = f"COPY {table.__tablename__} ({', '.join(columns)}) FROM STDIN"
                     with cur.copy(sql) as copy:
@@ -302,7 +304,7 @@ def fill(conn: psycopg.Connection, fill_: Fill, *, log: Callable[[str], None]) -
         # Vacuumed now: PostgreSQL's autovacuum would otherwise vacuum the millions of
         # new rows on its own, maybe while the lookups are timed.
         conn.autocommit = True
-        for table, _, _ in tables:
+        for table, _ in tables:
             cur.execute(f"VACUUM (ANALYZE) {table.__tablename__}")
     return time.perf_counter() - t0
 

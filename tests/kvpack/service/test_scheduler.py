@@ -86,9 +86,10 @@ def test_past_the_bound_a_tenant_is_refused_with_a_retry_estimate(scheduler):
     assert log.finished.wait(30) and log.outcomes["again"] == ("again done", None)
 
 
-def test_a_failing_task_reports_its_error_and_the_thread_goes_on(scheduler):
+def test_a_failing_task_reports_its_error_and_the_thread_goes_on(scheduler, caplog):
     """Branches: raising when created, raising mid-way, a done callback that raises: each
-    error reaches its task's callback; the next task still runs."""
+    error reaches its task's callback, the callback's own error is logged; the next task
+    still runs."""
     outcomes = {}
     finished = threading.Event()
 
@@ -117,6 +118,9 @@ def test_a_failing_task_reports_its_error_and_the_thread_goes_on(scheduler):
     assert isinstance(outcomes["start"][1], ValueError)
     assert isinstance(outcomes["midway"][1], KeyError)
     assert set(outcomes) == {"start", "midway", "bad callback", "last"}
+    assert scheduler.close(30)  # "last" may end first: the log is written by now
+    logged = [r for r in caplog.records if r.getMessage() == "a task's done callback failed"]
+    assert len(logged) == 1 and logged[0].exc_info[1].args == ("callback",)
 
 
 def test_close_runs_what_was_queued_then_refuses():

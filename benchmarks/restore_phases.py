@@ -57,12 +57,7 @@ def main() -> None:
             tokens = publish_prompt(with_cut, opts.depth)
         finally:
             with_cut.close()
-        vault = Vault(
-            db=settings.make_engine(),
-            objects=Delayed(settings.open_store(), opts.latency_ms / 1000),
-            keyring=settings.keyring(),
-            producer_keys=settings.producer_keys(),
-        )
+        vault = Vault.open(settings, objects=Delayed(settings.open_store(), opts.latency_ms / 1000))
         svc = Service.open(settings, model=opts.model, vault=vault)
         try:
             rounds, mb = restore(svc, tokens, opts.rounds)

@@ -117,13 +117,20 @@ class Vault:
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, settings: Settings, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Vault:
-        """Migrate the catalog, then open the store and the keys the settings name."""
+    def open(
+        cls,
+        settings: Settings,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        objects: ObjectStore | None = None,
+    ) -> Vault:
+        """Migrate the catalog, then open the store and the keys the settings name;
+        `objects` in place of that store (benches and fault tests wrap the real one)."""
         settings.ensure_data_dir()
         migrate(settings.database_url)
         return cls(
             db=settings.make_engine(),
-            objects=settings.open_store(),
+            objects=objects if objects is not None else settings.open_store(),
             keyring=settings.keyring(),
             producer_keys=settings.producer_keys(),
             timeout_s=timeout_s,

@@ -353,15 +353,8 @@ def run(opts: CatalogBenchOptions, *, log: Callable[[str], None] = print) -> dic
         tempfile.TemporaryDirectory(prefix="kvpack-bench-catalog-") as data_dir,
     ):
         settings = Settings.load(data_dir=Path(data_dir), database_url=url, env={})
-        vault = Vault.open(settings)  # migrates the fresh database to head
-        if opts.chunk_lists:
-            vault.close()
-            vault = Vault(
-                db=settings.make_engine(),
-                objects=AsRemote(settings.open_store()),
-                keyring=settings.keyring(),
-                producer_keys=settings.producer_keys(),
-            )
+        remote = AsRemote(settings.open_store()) if opts.chunk_lists else None
+        vault = Vault.open(settings, objects=remote)  # migrates the fresh database to head
         try:
             fill_ = Fill(opts)
             log(f"filling {opts.manifests:,} manifests ...")

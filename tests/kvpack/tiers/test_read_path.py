@@ -29,7 +29,6 @@ from kvpack.service.service import Completion, CompletionRequest, Service
 from kvpack.tiers.base import Ask
 from kvpack.tiers.durable import CutReader
 from kvpack.vault import Vault
-from migrations import migrate
 from tests.cas.faults import Wrapper
 from tests.engine.slotkit import TINY_A, prompt
 from tests.kvpack.conftest import s3_settings
@@ -233,15 +232,7 @@ class MidRestore(Wrapper):
 
 def vault_over(settings: Settings, wrap) -> Vault:
     """The vault Vault.open gives, its object store wrapped (a short I/O timeout)."""
-    settings.ensure_data_dir()
-    migrate(settings.database_url)
-    return Vault(
-        db=settings.make_engine(),
-        objects=wrap(settings.open_store()),
-        keyring=settings.keyring(),
-        producer_keys=settings.producer_keys(),
-        timeout_s=2.0,
-    )
+    return Vault.open(settings, timeout_s=2.0, objects=wrap(settings.open_store()))
 
 
 @contextmanager

@@ -302,7 +302,7 @@ def _stream(
 
 @dataclass(frozen=True)
 class Plan:
-    model: str
+    model: str  # the spec `kvpack serve --model` loads
     depths: tuple[int, ...]
     work_dir: Path  # each attempt gets a fresh data dir under it
     receipts_dir: Path
@@ -316,6 +316,11 @@ class Plan:
     startup_timeout_s: float = 300.0
     serve_argv: tuple[str, ...] = ()  # more `kvpack serve` flags (e.g. --alignment)
     python: str = field(default_factory=lambda: sys.executable)
+    served_as: str | None = None  # the name the server answers to, if not the spec (a path)
+
+    @property
+    def model_name(self) -> str:
+        return self.served_as or self.model
 
     def leg_timeout(self, depth: int) -> float:
         return self.timeout_base_s + self.timeout_per_token_s * (depth + self.max_tokens)
@@ -498,7 +503,8 @@ def run_attempt(
                 for name in names:
                     tokens = prompts[PROMPT_OF[base_leg(name)]]
                     receipt["legs"][name] = run_leg(
-                        server.url, name, tokens, model=plan.model, max_tokens=plan.max_tokens,
+                        server.url, name, tokens, model=plan.model_name,
+                        max_tokens=plan.max_tokens,
                         timeout_s=plan.leg_timeout(len(tokens)),
                     )  # fmt: skip
             receipt[key]["exit_code"] = server.exit_code

@@ -78,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     serve_argv = [] if args.alignment is None else ["--alignment", str(args.alignment)]
     plan = Plan(
         model=args.model,
+        served_as=loaded.name,  # a directory or .gguf is served under its name, not its path
         depths=args.depths,
         work_dir=work_dir,
         receipts_dir=args.receipts_dir,

@@ -9,6 +9,7 @@ import secrets
 import pytest
 
 from engine.models import load_model
+from engine.models.tiny import save_tiny
 from kvpack import cli
 from kvpack.bench.serve import (
     LEGS,
@@ -116,10 +117,14 @@ def test_bench_cli_on_tiny_cold_warm_miss_durable(tmp_path, capsys):
     pid, counters from zero, the first one exited cleanly) over the same data dir and
     namespace: served by the durable tier with every token cached and the cold legs'
     outputs. The receipt on disk (version 2) says the same and carries the server's own
-    restore records, the baselines and the targets; the tables are printed."""
+    restore records, the baselines and the targets; the tables are printed. The model is
+    a directory: the server serves it under the directory's name, and the bench asks for
+    that name, not the path it was given."""
     receipts = tmp_path / "receipts"
-    code = cli.main(["bench", "--model", "tiny", "--depths", "128", "--alignment", str(TINY_A),
-                     "--max-tokens", "4", "--miss-depth", "64", "--receipts-dir", str(receipts),
+    model_dir = save_tiny(tmp_path / "tiny-dir")
+    code = cli.main(["bench", "--model", str(model_dir), "--depths", "128",
+                     "--alignment", str(TINY_A), "--max-tokens", "4", "--miss-depth", "64",
+                     "--receipts-dir", str(receipts),
                      "--data-dir", str(tmp_path / "data"), "--restarts", "2"])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0, out

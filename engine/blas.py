@@ -11,6 +11,13 @@ already bound, so `enable()` then only reports why it did nothing.
 - OpenBLAS's DYNAMIC_ARCH probe reads the CPU model, and on virtual CPUs with a generic
   model name it falls back to SSE3 "Prescott" kernels (6x slower here). Unless the user
   set OPENBLAS_CORETYPE, we set it from the instruction-set flags in /proc/cpuinfo.
+- After each call OpenBLAS's worker threads spin for 2^28 cycles (about 0.1 s here)
+  before they sleep, each holding a core the server's other threads and a local store
+  need: a durable restore from SeaweedFS that followed the previous request's decode
+  took 35-39 ms against 24 ms with a pause between requests. Unless the user set
+  OPENBLAS_THREAD_TIMEOUT, we set 2^24 cycles (a few ms): long enough to span the gaps
+  between one decode step's matmuls (shorter spins cost decode ~10% here in wake-ups),
+  short enough to be over before the next request.
 - BlasStatus: which library serves `cblas_sgemm` in this process and how it got there.
   It enters the identity's `compute` component: another BLAS rounds differently, so
   its KV planes are not bit-identical to ours.
@@ -26,6 +33,7 @@ import sys
 from dataclasses import dataclass
 
 ENV = "KVPACK_BLAS"
+THREAD_TIMEOUT = 24  # log2 of the cycles an idle OpenBLAS worker spins (its default: 28)
 _OFF = {"off", "0", "false", "no", "none"}
 # Debian/Ubuntu's libopenblas0-pthread (infra/install-blas.sh), then other usual homes.
 CANDIDATES = (
@@ -147,9 +155,10 @@ def _enable() -> BlasStatus:
         return BlasStatus(
             None, "bundled", "no OpenBLAS found (apt-get install libopenblas0-pthread)"
         )
-    # Read by OpenBLAS's constructor, so it must be in the environment before the load.
+    # Read by OpenBLAS's constructor, so they must be in the environment before the load.
     if "OPENBLAS_CORETYPE" not in os.environ and (core := coretype_from_flags(_cpu_flags())):
         os.environ["OPENBLAS_CORETYPE"] = core
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", str(THREAD_TIMEOUT))
     try:
         ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     except OSError as e:

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.blas import coretype_from_flags, find_library
+from engine.blas import THREAD_TIMEOUT, coretype_from_flags, find_library
 
 ROOT = Path(__file__).resolve().parents[2]
 HAVE_OPENBLAS = sys.platform.startswith("linux") and find_library() is not None
 
 _PROBE = """
-import hashlib, json, sys
+import hashlib, json, os, sys
 if sys.argv[1] == "mlx-first":
     import mlx.core
 import engine
@@ -36,13 +36,15 @@ err = float(np.max(np.abs(np.array(c, dtype=np.float64) - a64 @ a64.T)))
 st = status()
 print(json.dumps({"fast": st.fast, "how": st.how, "reason": st.reason,
                   "fingerprint": st.fingerprint(), "library": st.library,
-                  "matmul": hashlib.sha256(memoryview(c)).hexdigest(), "max_abs_err": err}))
+                  "matmul": hashlib.sha256(memoryview(c)).hexdigest(), "max_abs_err": err,
+                  "thread_timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT")}))
 """
 
 
 def probe(order: str = "engine-first", **env: str) -> dict:
     full_env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "KVPACK_BLAS")}
     full_env.pop("OPENBLAS_CORETYPE", None)
+    full_env.pop("OPENBLAS_THREAD_TIMEOUT", None)
     full_env.update(env)
     out = subprocess.run(
         [sys.executable, "-c", _PROBE, order],
@@ -73,14 +75,18 @@ def test_preload_reroutes_sgemm_and_can_be_disabled():
     # float32 rounding of a float64 reference (some OpenBLAS builds miscompute on some CPUs).
     assert fast["max_abs_err"] < 1e-3 and off["max_abs_err"] < 1e-3
     assert fast["fingerprint"].startswith("OpenBLAS") and "MAX_THREADS" not in fast["fingerprint"]
+    # Idle workers spin 2^24 cycles, not OpenBLAS's 2^28, set before the load; not
+    # when the library was never loaded by us.
+    assert fast["thread_timeout"] == str(THREAD_TIMEOUT) and off["thread_timeout"] is None
 
 
 @pytest.mark.skipif(not HAVE_OPENBLAS, reason="no OpenBLAS on this machine")
 def test_user_coretype_wins_and_missing_library_falls_back():
-    """OPENBLAS_CORETYPE from the user is kept; KVPACK_BLAS naming a missing file falls
-    back to the bundled BLAS instead of failing."""
-    forced = probe(OPENBLAS_CORETYPE="Prescott")
+    """OPENBLAS_CORETYPE and OPENBLAS_THREAD_TIMEOUT from the user are kept; KVPACK_BLAS
+    naming a missing file falls back to the bundled BLAS instead of failing."""
+    forced = probe(OPENBLAS_CORETYPE="Prescott", OPENBLAS_THREAD_TIMEOUT="28")
     assert forced["fast"] and "Prescott" in forced["fingerprint"]
+    assert forced["thread_timeout"] == "28"
     missing = probe(KVPACK_BLAS="/nonexistent/libopenblas.so.0")
     assert not missing["fast"] and "no OpenBLAS" in missing["reason"]
 

@@ -14,10 +14,10 @@ already bound, so `enable()` then only reports why it did nothing.
 - After each call OpenBLAS's worker threads spin for 2^28 cycles (about 0.1 s here)
   before they sleep, each holding a core the server's other threads and a local store
   need: a durable restore from SeaweedFS that followed the previous request's decode
-  took 35-39 ms against 24 ms with a pause between requests. Unless the user set
-  OPENBLAS_THREAD_TIMEOUT, we set 2^24 cycles (a few ms): long enough to span the gaps
-  between one decode step's matmuls (shorter spins cost decode ~10% here in wake-ups),
-  short enough to be over before the next request.
+  took 29-39 ms against 24-27 ms with a pause between requests (engine/README.md).
+  Unless the user set OPENBLAS_THREAD_TIMEOUT, we set 2^24 cycles (a few ms): long
+  enough to span the gaps between one decode step's matmuls (shorter spins cost decode
+  ~10% here in wake-ups), short enough to be over before the next request.
 - BlasStatus: which library serves `cblas_sgemm` in this process and how it got there.
   It enters the identity's `compute` component: another BLAS rounds differently, so
   its KV planes are not bit-identical to ours.

@@ -52,12 +52,9 @@ def main() -> None:
         if not opts.s3:
             return run(argv, Path(tmp), loaded.name, prompts, pauses, opts.rounds)
         with start_seaweedfs(Path(tmp) / "s3") as server:
-            s3 = server.s3
-            config = S3Config(bucket="back-to-back", endpoint_url=s3.endpoint_url,
-                              access_key=s3.access_key, secret_key=s3.secret_key)  # fmt: skip
-            ensure_bucket(config)
-            os.environ.update(AWS_ACCESS_KEY_ID=s3.access_key, AWS_SECRET_ACCESS_KEY=s3.secret_key)
-            argv += ["--store-url", "s3://back-to-back/vault", "--s3-endpoint", s3.endpoint_url]
+            os.environ.update(server.s3.env())  # the servers started below inherit it
+            ensure_bucket(S3Config.from_env("back-to-back"))
+            argv += ["--store-url", "s3://back-to-back/vault"]
             return run(argv, Path(tmp), loaded.name, prompts, pauses, opts.rounds)
 
 

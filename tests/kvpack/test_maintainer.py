@@ -1,7 +1,8 @@
 """The maintainer (kvpack/maintainer.py) keeping a vault under load: a store budget held
 after every pass with hits still bit-identical; a fleet of two servers on one S3 bucket
 and one PostgreSQL collecting one at a time, a dead holder's lease taken over, and GC
-racing publication losing nothing."""
+racing publication losing nothing; and a warm start's first stats refresh kept off the
+first requests."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from catalog import lease
 from catalog.models import LeaseRow
 from kvpack.maintainer import GC_LEASE, Maintainer
 from kvpack.service.service import Completion, CompletionRequest, Service
+from kvpack.vault import Vault
 from tests.engine.slotkit import prompt
 
 N = 200  # tokens: cuts at 192 (aligned) and 200 (exact, logits witnessed)
@@ -208,3 +210,23 @@ def test_gc_racing_publication_in_a_fleet_loses_nothing(fleet):
     report = a.vault.verify(read_data=True)
     assert report.ok, [p.to_json() for p in report.problems]
     assert report.manifests >= 1
+
+
+def test_a_caller_that_filled_the_gauges_moves_the_first_refresh_off_the_first_requests(
+    settings,
+):
+    """`kvpack serve` refreshes the gauges before it listens and starts the maintainer with
+    `refreshed=True`: the thread's first stats refresh then waits an interval instead of
+    running at once, on top of the first requests. Without the flag it runs at once."""
+    vault = Vault.open(settings)
+    try:
+        for refreshed, expected in ((False, 1), (True, 0)):
+            calls: list[float] = []
+            m = Maintainer(vault=vault, gc_interval_s=0, stats_interval_s=60)
+            m.refresh = lambda calls=calls: calls.append(time.monotonic())  # type: ignore[method-assign]
+            m.start(refreshed=refreshed)
+            time.sleep(0.5)
+            m.stop()
+            assert len(calls) == expected, refreshed
+    finally:
+        vault.close()

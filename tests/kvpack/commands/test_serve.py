@@ -1,7 +1,8 @@
 """`kvpack serve --model org/name`: a Hugging Face repo id resolved in the local cache (the
 `hub_cache` fixture, found through HF_HOME as a user's would be), served cold, then warm
 from the resident tier, then — after a restart on the same data dir — from the durable
-tier; a repo id that is not cached stops the command with the error naming it."""
+tier; a repo id that is not cached stops the command with the error naming it; and the
+GIL switch interval set before the service opens."""
 
 from __future__ import annotations
 
@@ -73,3 +74,27 @@ def test_serve_a_repo_id_that_is_not_cached_exits_naming_it(tmp_path, hub_cache,
     assert out.returncode == 2
     assert "kvpack-test/absent" in out.stdout and "'v2'" in out.stdout
     assert str(hub_cache / "models--kvpack-test--absent") in out.stdout
+
+
+def test_serve_shortens_the_gil_switch_interval_before_its_threads_start(tmp_path, monkeypatch):
+    """The server's threads hand the GIL to each other (see SWITCH_INTERVAL_S): the
+    interval is set before the service, whose threads it is for, is opened."""
+    from engine.models import ModelLoadError
+    from kvpack import cli
+    from kvpack.commands.serve import SWITCH_INTERVAL_S
+    from kvpack.service.service import Service
+
+    seen: list[float] = []
+
+    def open_service(*_args, **_kwargs):
+        seen.append(sys.getswitchinterval())
+        raise ModelLoadError("tiny", "not loaded: the test stops here")
+
+    monkeypatch.setattr(Service, "open", open_service)
+    before = sys.getswitchinterval()
+    try:
+        argv = ["serve", "--no-auth", "--host", "127.0.0.1", "--data-dir", str(tmp_path)]
+        assert cli.main(argv) == 2
+    finally:
+        sys.setswitchinterval(before)
+    assert seen == [SWITCH_INTERVAL_S] and before > SWITCH_INTERVAL_S

@@ -52,12 +52,7 @@ def main(depths: str, more: list[str]) -> int:
     try:
         with tempfile.TemporaryDirectory() as tmp, start_seaweedfs(Path(tmp)) as server:
             s3 = server.s3
-            config = S3Config(
-                bucket="kvpack-bench",
-                endpoint_url=s3.endpoint_url,
-                access_key=s3.access_key,
-                secret_key=s3.secret_key,
-            )
+            config = s3.config("kvpack-bench")
             ensure_bucket(config)
             first_read(config)
             # Credentials through the environment, so they stay out of process listings.

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psycopg
 
-from cas.s3 import S3Config, ensure_bucket
+from cas.s3 import ensure_bucket
 from engine.models import load_model
 from kvpack.bench.seaweedfs import start_seaweedfs
 from kvpack.bench.serve import ServerProcess, prompt_tokens, run_leg
@@ -52,8 +52,7 @@ def main() -> int:
     try:
         with tempfile.TemporaryDirectory() as tmp, start_seaweedfs(Path(tmp)) as server:
             s3 = server.s3
-            config = S3Config(bucket="kvpack-bench", endpoint_url=s3.endpoint_url,
-                              access_key=s3.access_key, secret_key=s3.secret_key)  # fmt: skip
+            config = s3.config("kvpack-bench")
             ensure_bucket(config)
             os.environ.update(AWS_ACCESS_KEY_ID=s3.access_key, AWS_SECRET_ACCESS_KEY=s3.secret_key)
             argv = [

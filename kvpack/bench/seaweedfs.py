@@ -27,6 +27,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cas.s3 import S3Config
 
 GRPC_OFFSET = 10000
 COMPONENTS = ("master", "volume", "filer", "s3", "admin")
@@ -42,6 +46,13 @@ class SeaweedS3:
     access_key: str
     secret_key: str
     region: str = "us-east-1"
+
+    def config(self, bucket: str) -> S3Config:
+        """kvpack's S3 settings for `bucket` on this server."""
+        from cas.s3 import S3Config  # boto3 loads only where the launcher is used from Python
+
+        return S3Config(bucket=bucket, endpoint_url=self.endpoint_url, region=self.region,
+                        access_key=self.access_key, secret_key=self.secret_key)  # fmt: skip
 
     def env(self) -> dict[str, str]:
         return {

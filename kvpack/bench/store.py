@@ -217,13 +217,7 @@ def _s3_target(
         return
     log("starting SeaweedFS (weed mini) on loopback ...")
     with start_seaweedfs(data_dir) as server:
-        s3 = server.s3
-        cfg = S3Config(
-            bucket="kvpack-bench",
-            endpoint_url=s3.endpoint_url,
-            access_key=s3.access_key,
-            secret_key=s3.secret_key,
-        )
+        cfg = server.s3.config("kvpack-bench")
         ensure_bucket(cfg)
         yield cfg
 

@@ -8,30 +8,32 @@
   plausible sealed size (any key id, any format that still opens); one that does not (a
   truncated leftover) is replaced.
 - get_into: every chunk fetched into a scratch buffer (cas/buffers.py) and opened —
-  tag-verified, decrypted straight into the caller's destination and hashed once against
-  its id. Where the store reports its bytes as they land (the direct S3 GET) and the
-  destination exists, the open follows the read run by run on the reading thread
-  (cas/trail.py), else it opens the chunk after its read. Up to
-  max_concurrency chunks are in flight, each read and opened in worker threads. A chunk
-  that fails raises ChunkCorrupt / ChunkMissing and the whole call fails; no worker
-  writes into a destination after the call has returned or raised. get / get_many are
-  get_into over buffers they allocate.
+  tag-verified, decrypted into the caller's destination (in place and copied out, for a
+  destination in segments: cas/seal.py Opening) and hashed once against its id. Where
+  the store reports its bytes as they land (the direct S3 GET) and the destination
+  exists, the open follows the read run by run on the reading thread (cas/trail.py),
+  else it opens the chunk after its read. Up to max_concurrency chunks are in flight,
+  each read and opened in worker threads. A chunk that fails raises ChunkCorrupt /
+  ChunkMissing and the whole call fails; no worker writes into a destination after the
+  call has returned or raised. get / get_many are get_into over buffers they allocate.
 - warm: a first read's setup paid ahead (a server's warm start): max_concurrency scratch
   buffers of a given size, the worker threads that open chunks, a store connection per
-  chunk in flight, and the seal's open path once on each worker. Measured (`kvpack
-  bench --depths 256`, demo model, local directory): without it the first restore after
-  a restart took 21 and 17 ms against 11 ms for the next; with it 14 ms and 13 ms.
+  chunk in flight, the seal's open path once on each worker, and the hash lanes'
+  threads. Measured (`kvpack bench --depths 256`, demo model, local directory): without
+  it the first restore after a restart took 21 and 17 ms against 11 ms for the next;
+  with it 14 ms and 13 ms.
 
 Copies per byte on the read path (store to destination): 2 — the kernel's read (of the
-file, or of the socket: cas/s3_get.py) into the scratch buffer, and the decryption into
-the destination (on S3, of runs still in the cache: the open trails the read). On S3
-through aiobotocore (where a proxy is set for the endpoint), 4: the kernel's socket read
-into a bytes object, aiohttp's HTTP parser copying the body out of it, aiobotocore's
-`readinto` copying that into the scratch buffer (5 where aiohttp first joins several
-buffered pieces), the decryption.
-The re-hash reads the destination once; it gathers the segments into a cache-sized
-bounce buffer to hash them in aligned runs (cas/ids.py), a copy that never reaches the
-destination. The engine's own count continues in engine/state.py.
+file, or of the socket: cas/s3_get.py) into the scratch buffer, and, into a destination
+in segments, the copy of each run after it is decrypted and hashed in place there
+(cas/seal.py Opening; into one buffer, the decryption writes the destination itself). On
+S3 the runs are opened while still in the cache: the open trails the read. On S3 through
+aiobotocore (where a proxy is set for the endpoint), 4: the kernel's socket read into a
+bytes object, aiohttp's HTTP parser copying the body out of it, aiobotocore's `readinto`
+copying that into the scratch buffer (5 where aiohttp first joins several buffered
+pieces), the copy out. The re-hash reads each byte once, in the scratch buffer; a chunk
+opened after its read hashes on a lane (cas/lanes.py) while its runs are copied out.
+The engine's own count continues in engine/state.py.
 
 Memory: get_into holds up to max_concurrency scratch buffers of the largest sealed chunk
 in flight, and the pool keeps that many between calls: 4 × 11.25 MiB ≈ 45 MiB for the
@@ -54,6 +56,7 @@ from cas.buffers import ScratchPool, fresh_buffer
 from cas.errors import ChunkCorrupt, ChunkMissing, ObjectMissing, ObjectTooLarge
 from cas.ids import ChunkId
 from cas.keys import Keyring
+from cas.lanes import Lanes
 from cas.layout import object_key
 from cas.seal import ChunkSeal, max_sealed_size, plausible_sizes
 from cas.store import ObjectInfo, ObjectStore
@@ -64,6 +67,11 @@ T = TypeVar("T")
 # SeaweedFS on loopback): 4 reads as fast as 8 or faster and holds half the scratch; 2 and
 # 1 leave S3 latency unhidden.
 DEFAULT_CONCURRENCY = 4
+# Hash lanes (cas/lanes.py) lent to chunks opened after their read. Measured on the demo
+# model (2 cores, local directory, benchmarks/restore_phases.py, medians of 14 restores):
+# a 256-token cut's fill 8.0 -> 6.9 ms, its one block opened in 3.0-3.4 ms against
+# 4.2-5.8; at 2,048 tokens, where chunks in flight keep both cores busy, in the noise.
+DEFAULT_LANES = 2
 Blob = bytes | bytearray | memoryview
 Destination = Blob | Sequence[Blob]  # one writable buffer, or segments filled in order
 WARM_SAMPLE = 4096  # bytes of the chunk warm() seals and opens in memory, in two segments
@@ -84,6 +92,7 @@ class ChunkStore:
         namespace: str = "default",
         max_concurrency: int = DEFAULT_CONCURRENCY,
         scratch: ScratchPool | None = None,
+        lanes: Lanes | None = None,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
@@ -94,6 +103,7 @@ class ChunkStore:
         self.namespace = namespace
         self.max_concurrency = max_concurrency
         self.scratch = scratch if scratch is not None else ScratchPool(keep=max_concurrency)
+        self.lanes = lanes if lanes is not None else Lanes(size=DEFAULT_LANES)
         self._seal = ChunkSeal(keyring)
         self._digest_key = keyring.digest_key(namespace)
 
@@ -163,7 +173,7 @@ class ChunkStore:
         refs: Sequence[ChunkRef],
         outs: Sequence[Destination] | Awaitable[Sequence[Destination]],
     ) -> None:
-        """Every chunk verified and decrypted straight into its destination `outs[i]`: a
+        """Every chunk verified and decrypted into its destination `outs[i]`: a
         writable buffer of exactly refs[i].size bytes, or segments — writable buffers whose
         sizes add up to it, filled in order (the chunk's pieces land where each belongs).
         `outs` may also be an awaitable of them, for destinations still being made: the
@@ -181,20 +191,33 @@ class ChunkStore:
 
     async def _fetch_into(self, ref: ChunkRef, areas: asyncio.Future[list[Area]], i: int) -> None:
         with self.scratch.lend(max_sealed_size(ref.size)) as scratch:
-            trail = Trail(self._seal, ref.id, scratch, self._digest_key)
-            if areas.done():  # a callback would wait a loop turn, maybe past the first runs
-                _arrived_at(areas, i, trail)
-            else:
-                areas.add_done_callback(lambda made: _arrived_at(made, i, trail))
+            trail = Trail(self._seal, ref.id, scratch, self._digest_key, self.lanes)
             try:
-                n = await self._read(self.key(ref.id), scratch, trail)
-            except ObjectMissing as e:
-                raise ChunkMissing(ref.id) from e
-            except ObjectTooLarge as e:
-                reason = f"object has {e.size} bytes, too many for its size"
-                raise ChunkCorrupt(ref.id, reason) from e
-            area = (await asyncio.shield(areas))[i]
-            await _finished(trail.finish, n, area)
+                await self._read_open(ref, areas, i, trail, scratch)
+            finally:
+                trail.close()
+
+    async def _read_open(
+        self,
+        ref: ChunkRef,
+        areas: asyncio.Future[list[Area]],
+        i: int,
+        trail: Trail,
+        scratch: memoryview,
+    ) -> None:
+        if areas.done():  # a callback would wait a loop turn, maybe past the first runs
+            _arrived_at(areas, i, trail)
+        else:
+            areas.add_done_callback(lambda made: _arrived_at(made, i, trail))
+        try:
+            n = await self._read(self.key(ref.id), scratch, trail)
+        except ObjectMissing as e:
+            raise ChunkMissing(ref.id) from e
+        except ObjectTooLarge as e:
+            reason = f"object has {e.size} bytes, too many for its size"
+            raise ChunkCorrupt(ref.id, reason) from e
+        area = (await asyncio.shield(areas))[i]
+        await _finished(trail.finish, n, area)
 
     async def _read(self, key: str, scratch: memoryview, trail: Trail) -> int:
         """The object read into `scratch`, opened behind the read where the store lets it
@@ -213,7 +236,7 @@ class ChunkStore:
         each chunk in flight fetches it once and is answered "missing". Writes nothing."""
         sample = os.urandom(WARM_SAMPLE)
         ref = ChunkRef(self.chunk_id(sample), len(sample))
-        sealed = memoryview(self._seal.seal(ref.id, sample))
+        sealed = bytes(self._seal.seal(ref.id, sample))  # read-only: each open copies it
         half = WARM_SAMPLE // 2
 
         async def one() -> None:
@@ -226,6 +249,7 @@ class ChunkStore:
                                 ref.id, sealed, segments)  # fmt: skip
 
         await self._bounded([one] * self.max_concurrency)
+        self.lanes.warm()
 
     async def contains(self, chunk_id: ChunkId) -> bool:
         return await self._stat_or_none(self.key(chunk_id)) is not None

@@ -70,8 +70,9 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM, AESGCMSIV
 
 from cas.buffers import scatter
 from cas.errors import ChunkCorrupt
-from cas.ids import ChunkId, SegmentHasher
+from cas.ids import ChunkId
 from cas.keys import Keyring
+from cas.lanes import Lane, Lanes
 
 PURPOSE = "chunk-seal-v2"  # the KDF key of format 2's chunk keys
 PURPOSE_V1 = "chunk-seal"  # format 1's GCM-SIV key
@@ -81,6 +82,13 @@ VERSION_V1 = 1
 VERSIONS = (VERSION_V1, VERSION)
 NONCE_SIZE = 12  # format 1 stores it; format 2's is the constant ZERO_NONCE
 ZERO_NONCE = bytes(NONCE_SIZE)
+# A chunk this large hashes on a lane behind its decryption (cas/lanes.py); a smaller
+# one is over before a hand-off would pay.
+LANE_MIN = 1 << 20
+RUN = 1 << 20  # bytes opened at a time at most: few GIL hand-offs, still in the cache
+# Runs start at multiples of this in the stream: BLAKE3 hashes many of its 1 KiB chunks
+# at once only in subtrees aligned to their size (cas/ids.py).
+ALIGN = 64 << 10
 TAG_SIZE = 16
 MAX_KEY_ID = 64
 MAX_OVERHEAD = len(MAGIC) + 2 + MAX_KEY_ID + NONCE_SIZE + TAG_SIZE
@@ -169,6 +177,7 @@ class ChunkSeal:
         out: memoryview | Sequence[memoryview],
         *,
         digest_key: bytes,
+        lanes: Lanes | None = None,
     ) -> None:
         """Verify and decrypt into `out`, then hash the plaintext once against the id.
         `out` is one buffer of exactly the plaintext size, or segments (writable buffers
@@ -181,7 +190,7 @@ class ChunkSeal:
             # One thread: get_many opens chunks in parallel, which beats a threaded hash here.
             _check(chunk_id, blake3.blake3(out, key=digest_key).digest())
         else:
-            self._open_segments(chunk_id, sealed, out, digest_key)
+            self._open_segments(chunk_id, sealed, out, digest_key, lanes)
 
     def open(
         self, chunk_id: ChunkId, sealed: bytes | bytearray | memoryview, *, digest_key: bytes
@@ -204,9 +213,16 @@ class ChunkSeal:
             raise ChunkCorrupt(chunk_id, "seal tag does not verify") from None
 
     def _open_segments(
-        self, chunk_id: ChunkId, sealed: memoryview, segments: Sequence[memoryview], key: bytes
+        self,
+        chunk_id: ChunkId,
+        sealed: memoryview,
+        segments: Sequence[memoryview],
+        key: bytes,
+        lanes: Lanes | None,
     ) -> None:
-        opening = self.opening(chunk_id, sealed, segments, digest_key=key)
+        if sealed.readonly:  # opened in place: a caller's read-only bytes are copied once
+            sealed = memoryview(bytearray(sealed))
+        opening = self.opening(chunk_id, sealed, segments, digest_key=key, lanes=lanes)
         if opening is None:  # GCM-SIV cannot stream: open whole, then scatter
             segments = [memoryview(s).cast("B") for s in segments]
             whole = memoryview(bytearray(sum(s.nbytes for s in segments)))
@@ -214,7 +230,6 @@ class ChunkSeal:
             scatter(whole, segments)
             _check(chunk_id, blake3.blake3(whole, key=key).digest())
             return
-        opening.advance(len(sealed))
         opening.finish()
 
     def opening(
@@ -224,6 +239,7 @@ class ChunkSeal:
         segments: Sequence[memoryview],
         *,
         digest_key: bytes,
+        lanes: Lanes | None = None,
     ) -> Opening | None:
         """A format 2 chunk opened into `segments` as its bytes land in `sealed` (the
         whole object's buffer; at least its header, HEADER_MAX bytes, has landed); None
@@ -235,14 +251,17 @@ class ChunkSeal:
         if version == VERSION_V1:
             return None
         chunk_key = self._chunk_key(key_id, head, chunk_id)
-        return Opening(chunk_id, sealed, segments, start, chunk_key, head, digest_key)
+        return Opening(chunk_id, sealed, segments, start, chunk_key, head, digest_key, lanes)
 
 
 class Opening:
-    """One format 2 chunk decrypted into its segments in stream order, run by run as its
-    sealed bytes land (`advance`), each run hashed while it is still in the cache; the
-    tag and the digest are checked by `finish`. Until finish returns, the segments hold
-    garbage. Used by one thread at a time."""
+    """One format 2 chunk opened in place, in stream order, run by run as its sealed
+    bytes land in `sealed` (`advance`): each run (at most RUN bytes, starting at a
+    multiple of ALIGN in the stream) is decrypted where it landed, hashed there, and
+    copied into the segments it belongs in. `finish` opens what is left — hashing those
+    runs on a lane of `lanes` where one is free (cas/lanes.py), the read being over —
+    then checks the tag and the digest. Until finish returns, the segments hold garbage.
+    Used by one thread at a time."""
 
     def __init__(
         self,
@@ -253,40 +272,78 @@ class Opening:
         chunk_key: bytes,
         head: bytes,
         digest_key: bytes,
+        lanes: Lanes | None = None,
     ) -> None:
         self.chunk_id, self._sealed, self._segments = chunk_id, sealed, segments
-        self.pos = start  # the next sealed byte to open
+        self._start = self.pos = start  # pos: the next sealed byte to open
         self._end = len(sealed) - TAG_SIZE
         self._at = (0, 0)  # (segment, offset in it) of the next plaintext byte
-        self._hasher = SegmentHasher(key=digest_key, size=self._end - start)
+        self._hasher = blake3.blake3(key=digest_key)
         self._stream = Cipher(algorithms.AES(chunk_key), modes.GCM(ZERO_NONCE)).decryptor()
         self._stream.authenticate_additional_data(head + chunk_id.raw)
+        self._lanes = lanes
+        self._lane: Lane | None = None
 
     def advance(self, landed: int) -> None:
-        """Open the sealed bytes before offset `landed` not opened yet."""
+        """Open the runs that have landed whole before offset `landed` (all of the rest
+        once `landed` reaches the tag). Hashed inline: a retried read may land again over
+        what was opened, so no run outlives this call unhashed."""
+        self._open(self._run_end(landed), None)
+
+    def finish(self) -> None:
+        """Open the rest (the whole object has landed), then check the tag and the
+        plaintext's digest; ChunkCorrupt when either fails."""
+        if self._lanes is not None and self._end - self.pos >= LANE_MIN:
+            self._lane = self._lanes.take()
+        try:
+            self._open(self._end, self._lane)
+            try:
+                self._stream.finalize_with_tag(bytes(self._sealed[self._end :]))
+            except InvalidTag:
+                raise ChunkCorrupt(self.chunk_id, "seal tag does not verify") from None
+            if self._lane is not None:
+                self._lane.drained()  # raises what hashing raised
+                self._give_lane(drained=True)
+        finally:
+            self.close()
+        _check(self.chunk_id, self._hasher.digest())
+
+    def close(self) -> None:
+        """Give back a lane an unfinished opening holds: it is retired (see cas/lanes.py)."""
+        self._give_lane(drained=False)
+
+    def _run_end(self, landed: int) -> int:
         upto = min(landed, self._end)
-        i, off = self._at
+        return upto if upto == self._end else self._start + (upto - self._start) // ALIGN * ALIGN
+
+    def _open(self, upto: int, lane: Lane | None) -> None:
         while self.pos < upto:
+            n = min(RUN, upto - self.pos)
+            run = self._sealed[self.pos : self.pos + n]
+            self._stream.update_into(run, run)
+            if lane is not None:
+                lane.hash(self._hasher, run)
+            else:
+                self._hasher.update(run)
+            self._scatter(run)
+            self.pos += n
+
+    def _scatter(self, run: memoryview) -> None:
+        """Copy an opened run into the segments, from where the last one ended."""
+        i, off, k = *self._at, 0
+        while k < run.nbytes:
             seg = self._segments[i]
-            n = min(upto - self.pos, seg.nbytes - off)
-            out = seg[off : off + n]
-            self._stream.update_into(self._sealed[self.pos : self.pos + n], out)
-            self._hasher.update(out)
-            self.pos, off = self.pos + n, off + n
+            n = min(run.nbytes - k, seg.nbytes - off)
+            seg[off : off + n] = run[k : k + n]
+            k, off = k + n, off + n
             if off == seg.nbytes:
                 i, off = i + 1, 0
         self._at = (i, off)
 
-    def finish(self) -> None:
-        """Check the tag and the plaintext's digest once every byte has been opened;
-        ChunkCorrupt when either fails."""
-        if self.pos != self._end:
-            raise ValueError(f"chunk {self.chunk_id.short}: opened {self.pos} of {self._end}")
-        try:
-            self._stream.finalize_with_tag(bytes(self._sealed[self._end :]))
-        except InvalidTag:
-            raise ChunkCorrupt(self.chunk_id, "seal tag does not verify") from None
-        _check(self.chunk_id, self._hasher.digest())
+    def _give_lane(self, *, drained: bool) -> None:
+        if self._lane is not None and self._lanes is not None:
+            lane, self._lane = self._lane, None
+            self._lanes.give(lane, drained=drained)
 
 
 def _check(chunk_id: ChunkId, digest: bytes) -> None:

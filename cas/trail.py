@@ -32,6 +32,7 @@ import threading
 
 from cas.errors import ChunkCorrupt, UnknownKey
 from cas.ids import ChunkId
+from cas.lanes import Lanes
 from cas.seal import HEADER_MAX, ChunkSeal, Opening
 
 Area = memoryview | list[memoryview]  # one destination, or its segments in order
@@ -43,9 +44,15 @@ class Stopped(Exception):
 
 class Trail:
     def __init__(
-        self, seal: ChunkSeal, chunk_id: ChunkId, scratch: memoryview, digest_key: bytes
+        self,
+        seal: ChunkSeal,
+        chunk_id: ChunkId,
+        scratch: memoryview,
+        digest_key: bytes,
+        lanes: Lanes | None = None,
     ) -> None:
         self._seal, self._id, self._scratch, self._key = seal, chunk_id, scratch, digest_key
+        self._lanes = lanes
         self._lock = threading.Lock()
         self._area: Area | None = None
         self._opening: Opening | None = None
@@ -73,7 +80,11 @@ class Trail:
             return None
         try:
             opening = self._seal.opening(
-                self._id, self._scratch[:size], _segments(self._area), digest_key=self._key
+                self._id,
+                self._scratch[:size],
+                _segments(self._area),
+                digest_key=self._key,
+                lanes=self._lanes,
             )
         except (ChunkCorrupt, UnknownKey):
             opening = None  # the open after the read raises it, as for any chunk
@@ -85,14 +96,23 @@ class Trail:
         with self._lock:
             self._stopped = True
 
+    def close(self) -> None:
+        """Once the chunk is done with, opened or not: stop, and give back what the
+        opening holds (on the loop's thread)."""
+        self.stop()
+        with self._lock:
+            if self._opening is not None:
+                self._opening.close()
+
     def finish(self, n: int, area: Area) -> None:
         """The chunk's `n` sealed bytes have all landed: open what is left and check it
         (on a worker thread, the read over); ChunkCorrupt, UnknownKey."""
         opening = self._opening if self._size == n else None
         if opening is None:
-            self._seal.open_into(self._id, self._scratch[:n], area, digest_key=self._key)
+            self._seal.open_into(
+                self._id, self._scratch[:n], area, digest_key=self._key, lanes=self._lanes
+            )
             return
-        opening.advance(n)
         opening.finish()
 
 

@@ -1,4 +1,4 @@
-"""Intake: a cut's bytes decrypted straight into the slot state they become.
+"""Intake: a cut's bytes landing straight in the slot state they become.
 
 - intake: for a cut's layout (from a verified manifest) and a pool, the shadow SlotState
   the cut will be — its full layers' caches at the recorded capacity, its rings at their
@@ -25,9 +25,10 @@ Flow: `intake = slot.intake(layout)` on the thread that runs MLX (it gates the l
 `intake.destinations(parts)` on that thread too (it allocates); a reader fills them from
 any thread (cas ChunkStore.get_into with segments); then `slot.restore(intake,
 prompt=...)` checks every head and swaps the shadow in, once. Nothing is decoded,
-joined or copied after the decryption: copies per byte from the store to the slot are 2
-(the kernel's read of the file or the socket into cas's scratch buffer, the decryption
-into the slot's cache; 4 on S3 through a proxy: cas/chunks.py counts them).
+joined or copied after the open: copies per byte from the store to the slot are 2 (the
+kernel's read of the file or the socket into cas's scratch buffer, the copy of the
+bytes, decrypted and hashed in place there, into the slot's cache; 4 on S3 through a
+proxy: cas/chunks.py counts them).
 """
 
 from __future__ import annotations

@@ -95,10 +95,10 @@ def test_failed_call_returns_only_after_every_open_has_ended(object_store, keyri
         )
         real_open = store._seal.open_into
 
-        def slow_open(chunk_id, sealed, out, *, digest_key):
+        def slow_open(chunk_id, sealed, out, *, digest_key, **kw):
             loop.call_soon_threadsafe(a_opening.set)
             release.wait(10)
-            real_open(chunk_id, sealed, out, digest_key=digest_key)
+            real_open(chunk_id, sealed, out, digest_key=digest_key, **kw)
             events.append("A written")
 
         store._seal.open_into = slow_open

@@ -3,8 +3,10 @@
 A chunk read whole into its scratch buffer and opened afterwards crosses the memory bus
 twice more than it must: the read pushes 11 MiB out of the cache and the open reads it
 back. A trail rides on the S3 GET instead (`landed`, cas/store.py; cas/s3_get.py): on the
-reading thread, as each run of at most PIECE bytes lands, it decrypts that run into the
-chunk's destinations and hashes it (cas/seal.py Opening). That needs the destinations:
+reading thread, as the runs of at most PIECE bytes land, it decrypts them in place,
+hashes them and copies them into the chunk's destinations (cas/seal.py Opening; a run
+starts at a multiple of 64 KiB in the stream, so the last part of each read waits for
+the next). That needs the destinations:
 a read that lands before the engine has made them (the first chunks of a restore, read
 while the engine allocates) opens them from the start as soon as they exist, and one
 that ends first is opened whole after the read, as without a trail. Format 1 chunks,
@@ -16,7 +18,10 @@ and a chunk whose header does not open, are opened whole after the read (which r
 - stop: once the reader gives up on the chunk (cancelled), `stop` returns only when no
   run is being opened, and none will be: no thread writes into a destination after
   ChunkStore.get_into has returned. The read itself ends at its next run (Stopped).
-- finish: after the read, the rest opened and the tag and the digest checked.
+- finish: after the read, the rest opened (hashed on a lane, if the store lends one:
+  the scratch buffer no longer changes) and the tag and the digest checked.
+- close: once the chunk is done with, whatever the outcome; a lane an opening held is
+  given back.
 
 Measured (`benchmarks/restore_phases.py [--s3] --depth 2048 --rounds 11`, one 2,048-token cut of
 the demo model, 2 cores; three runs each, alternating with the trail turned off): from

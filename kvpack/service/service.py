@@ -172,7 +172,7 @@ class Service:
         self.accounting = Accounting(per_namespace=True)  # counters per tenant
         self.background = Background(capacity=background_capacity)
         self.clock = PrefillClock()
-        self.durable = DurableTier(vault, accounting=self.accounting)
+        self.durable = DurableTier(vault, self.background, accounting=self.accounting)
         self.publication = Publication(
             resident=self.resident,
             vault=vault,

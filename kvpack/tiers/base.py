@@ -149,8 +149,7 @@ class Tier(Protocol):
         ...
 
     def served(self, candidate: Candidate, ask: Ask) -> None:
-        """After the candidate's state was committed into a slot (a hit); the ladder calls
-        it off the response path, on the background worker."""
+        """After the candidate's state was committed into a slot (a hit)."""
         ...
 
     def refused(self, candidate: Candidate, error: BaseException) -> None:

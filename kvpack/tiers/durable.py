@@ -20,8 +20,8 @@
   which stops its fetch.
   After a restore, `installed` is the Snapshot it became (views of the restored caches,
   each part with its verified frame digest): what the ladder promotes into the caches.
-- served: the cut's catalog row is stamped as hit (the ladder calls it off the response
-  path; GC evicts the least recently hit first).
+- served: the cut's catalog row is stamped as hit, off the response path (GC evicts the
+  least recently hit first).
 - refused: the cut failed verification (its manifest object gone or failing its checks,
   a chunk corrupt or missing, the engine's gate): it is condemned at once
   (catalog/condemn.py), so find never offers it again, and counted in
@@ -45,6 +45,7 @@ from engine.errors import RestoreRefused
 from engine.intake import Intake
 from engine.state import Snapshot
 from kvpack.accounting.counters import Accounting
+from kvpack.background import Background
 from kvpack.tiers.base import OUTAGES, Ask, Candidate, Loaded, TierName
 from kvpack.vault import Reading, Vault
 
@@ -95,8 +96,11 @@ class CutReader:
 class DurableTier:
     name: TierName = "durable"
 
-    def __init__(self, vault: Vault, *, accounting: Accounting | None = None) -> None:
+    def __init__(
+        self, vault: Vault, background: Background, *, accounting: Accounting | None = None
+    ) -> None:
         self.vault = vault
+        self.background = background
         self.accounting = accounting
 
     def find(self, ask: Ask) -> Candidate | None:
@@ -110,7 +114,8 @@ class DurableTier:
         return Loaded(cut=reader, manifest_bytes=reader.manifest.bytes)
 
     def served(self, candidate: Candidate, ask: Ask) -> None:
-        self.vault.touch_cut(candidate.handle.manifest_id)
+        manifest_id = candidate.handle.manifest_id
+        self.background.submit("hit", lambda: self.vault.touch_cut(manifest_id))
 
     def refused(self, candidate: Candidate, error: BaseException) -> None:
         cut = candidate.handle

@@ -18,12 +18,8 @@ Every tier answers the same two questions (kvpack/tiers/base.py). The ladder:
    slower tier served (as installed: a reader's Snapshot, so nothing is read or decoded
    again), and a paired timing is recorded when this process prefilled the same cut.
    Those run in the background, never on the response path; `serve` may be given a
-   `promote` that holds the tier's telling and the caches' fill back until the request
-   is served (the service's, kvpack/service/publication.py). The durable tier's hit
-   stamp is a catalog write that competed for the GIL with the first token: traced
-   (demo model, 256 tokens, local vault), the restore's end to the first token's draw
-   took 0.9-2.8 ms on the first request after a restart and 0.2-0.9 ms on the second;
-   held back, 0.2-0.3 ms on both.
+   `promote` that holds the caches' fill back until the request is served (the
+   service's, kvpack/service/publication.py).
 5. miss: the slot is reset and the request prefills from scratch.
 Steps 2-5 are `restore(ask, install)` for any installer: `serve` installs into a slot,
 kvpack/service/interop.py into mlx-lm's own caches (the same gate and build, so a hit).
@@ -91,7 +87,7 @@ class Ladder:
         self, tenant: Tenant, tokens: Sequence[int], *, promote: Submit | None = None
     ) -> Installed:
         """Install the deepest available state for `tokens` in a slot of `tenant`;
-        `promote` takes a hit's bookkeeping (default: the background, at once)."""
+        `promote` takes the caches' fill after a hit (default: the background, at once)."""
         ns = tenant.namespace
         slot = tenant.session_slot(tokens)
         if slot is not None:
@@ -184,11 +180,10 @@ class Ladder:
         except OUTAGES as e:
             log.warning("%s cut at depth %d unavailable: %s", tier.name, candidate.depth, e)
             return None
-        submit = promote or self.background.submit
-        submit(f"served {tier.name}@{candidate.depth}", partial(tier.served, candidate, ask))
+        tier.served(candidate, ask)
         held = loaded.holdable()
         if tier not in self.caches and held is not None:
-            self._fill(ask, candidate.depth, held, submit)
+            self._fill(ask, candidate.depth, held, promote or self.background.submit)
         self._hit(ask, receipt)
         return result, receipt
 

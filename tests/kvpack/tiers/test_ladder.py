@@ -277,21 +277,3 @@ def test_the_slot_is_emptied_before_a_restore_and_once_in_all(rig):
     rig.durable.cuts, rig.resident.cuts = {}, {}
     installed, slot = rig.serve()
     assert installed.tier == "none" and slot.resets == 1 and slot.resets_at_restore == []
-
-
-def test_a_hits_bookkeeping_waits_until_the_request_is_served(rig):
-    """The tier's `served` (the durable tier's catalog hit stamp: a write, and the
-    first request's first use of its statement) and the caches' fill go to `promote`,
-    which the service releases once the request is served: neither runs while the
-    first token is still to come."""
-    rig.durable.cuts = {8: OK}
-    held: list[tuple[str, object]] = []
-    installed = rig.ladder.serve(
-        FakeTenant(), PROMPT, promote=lambda name, job: held.append((name, job)) or True
-    )  # type: ignore[arg-type]
-    assert installed.tier == "durable"
-    assert rig.durable.served_at == [] and rig.resident.held == []
-    assert [name for name, _ in held] == ["served durable@8", "fill resident@8"]
-    for _, job in held:
-        job()  # type: ignore[operator]
-    assert rig.durable.served_at == [8] and len(rig.resident.held) == 1

@@ -1,7 +1,8 @@
-"""Warm start (kvpack/service/warm.py) on the tiny model: the object store's client and a
-catalog connection exist afterwards, on the embedded default and on S3 + PostgreSQL; the
-engine ran a prefill, restore and decode, and left nothing behind (no cut, no counter,
-a fresh slot, the same cold answer as a service that never warmed)."""
+"""Warm start (kvpack/service/warm.py) on the tiny model: the object store's client, the
+hash lanes and a catalog connection exist afterwards and a hit's stamp has run once, on
+the embedded default and on S3 + PostgreSQL; the engine ran a prefill, restore and
+decode, and left nothing behind (no cut, no counter, a fresh slot, the same cold answer
+as a service that never warmed)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,9 @@ def test_warm_opens_the_store_and_catalog_and_leaves_no_trace(shared_settings, o
     nothing was published or counted."""
     service = open_service(shared_settings)
     vault = service.vault
+    stamped: list[object] = []
+    touch_cut = vault.touch_cut
+    vault.touch_cut = lambda manifest_id: stamped.append(manifest_id) or touch_cut(manifest_id)  # type: ignore[method-assign]
     with caplog.at_level(logging.WARNING, logger="kvpack.service.warm"):
         seconds = warm(service)
     assert (
@@ -43,10 +47,14 @@ def test_warm_opens_the_store_and_catalog_and_leaves_no_trace(shared_settings, o
     if hasattr(vault.objects, "breaker"):  # S3: the client exists on the vault's loop
         assert vault.objects._conn is not None and vault.objects._conn.loop is vault.io.loop
     assert vault.db.pool.checkedin() >= 1
+    assert len(stamped) == 1  # a hit's stamp ran once, of no cut (none exists: below)
     tenant = service.tenant(service.loaded.identity.namespace)
     block = service.loaded.layout.cache_bytes(service.loaded.alignment)
     scratch = vault.chunks(tenant.scope.namespace).scratch  # a block per chunk in flight
     assert scratch.held_bytes >= DEFAULT_CONCURRENCY * block > 0
+    lanes = vault.chunks(tenant.scope.namespace).lanes  # the hash lanes' threads started
+    lent = [lanes.take() for _ in range(lanes.size)]
+    assert all(lane is not None and lane.thread.is_alive() for lane in lent)
     assert all(slot.depth == 0 for slot in tenant.pool.slots)
     assert service.flush(30) and service.background.stats()["done"] == 0
     assert len(service.resident) == 0 and vault.stats().total.cuts == 0

@@ -68,9 +68,10 @@ T = TypeVar("T")
 # 1 leave S3 latency unhidden.
 DEFAULT_CONCURRENCY = 4
 # Hash lanes (cas/lanes.py) lent to chunks opened after their read. Measured on the demo
-# model (2 cores, local directory, benchmarks/restore_phases.py, medians of 14 restores):
-# a 256-token cut's fill 8.0 -> 6.9 ms, its one block opened in 3.0-3.4 ms against
-# 4.2-5.8; at 2,048 tokens, where chunks in flight keep both cores busy, in the noise.
+# model (2 cores, local directory, benchmarks/restore_phases.py --rounds 15): a 256-token
+# cut's fill 8.0 -> 6.9 ms at the median, its one block opened in 2.7-3.4 ms in 11 of 16
+# restores against 4.2-5.8 ms; at 2,048 tokens, where chunks in flight keep both cores
+# busy, in the noise.
 DEFAULT_LANES = 2
 Blob = bytes | bytearray | memoryview
 Destination = Blob | Sequence[Blob]  # one writable buffer, or segments filled in order
@@ -192,32 +193,19 @@ class ChunkStore:
     async def _fetch_into(self, ref: ChunkRef, areas: asyncio.Future[list[Area]], i: int) -> None:
         with self.scratch.lend(max_sealed_size(ref.size)) as scratch:
             trail = Trail(self._seal, ref.id, scratch, self._digest_key, self.lanes)
+            if areas.done():  # a callback would wait a loop turn, maybe past the first runs
+                _arrived_at(areas, i, trail)
+            else:
+                areas.add_done_callback(lambda made: _arrived_at(made, i, trail))
             try:
-                await self._read_open(ref, areas, i, trail, scratch)
-            finally:
-                trail.close()
-
-    async def _read_open(
-        self,
-        ref: ChunkRef,
-        areas: asyncio.Future[list[Area]],
-        i: int,
-        trail: Trail,
-        scratch: memoryview,
-    ) -> None:
-        if areas.done():  # a callback would wait a loop turn, maybe past the first runs
-            _arrived_at(areas, i, trail)
-        else:
-            areas.add_done_callback(lambda made: _arrived_at(made, i, trail))
-        try:
-            n = await self._read(self.key(ref.id), scratch, trail)
-        except ObjectMissing as e:
-            raise ChunkMissing(ref.id) from e
-        except ObjectTooLarge as e:
-            reason = f"object has {e.size} bytes, too many for its size"
-            raise ChunkCorrupt(ref.id, reason) from e
-        area = (await asyncio.shield(areas))[i]
-        await _finished(trail.finish, n, area)
+                n = await self._read(self.key(ref.id), scratch, trail)
+            except ObjectMissing as e:
+                raise ChunkMissing(ref.id) from e
+            except ObjectTooLarge as e:
+                reason = f"object has {e.size} bytes, too many for its size"
+                raise ChunkCorrupt(ref.id, reason) from e
+            area = (await asyncio.shield(areas))[i]
+            await _finished(trail.finish, n, area)
 
     async def _read(self, key: str, scratch: memoryview, trail: Trail) -> int:
         """The object read into `scratch`, opened behind the read where the store lets it

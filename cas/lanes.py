@@ -12,10 +12,10 @@ its hash holds the critical path.
   in place in the chunk's scratch buffer); `drained()` waits until every run handed over
   is hashed and raises what hashing raised.
 - Lanes: lends lanes, at most `size` at once (none free: the opener hashes inline, as
-  without lanes), and keeps them between loans. A lane given back undrained (an opening
-  given up on) is retired, not kept: its thread ends once it has hashed what it holds,
-  and no later chunk waits behind it. What it still reads is a scratch buffer that is
-  garbage to everyone by then.
+  without lanes), and keeps them between loans. A lane given back undrained (its chunk
+  failed with runs still queued) is retired, not kept: its thread ends once it has
+  hashed what it holds, and no later chunk waits behind it. What it still reads is a
+  scratch buffer that is garbage to everyone by then.
 """
 
 from __future__ import annotations

@@ -286,7 +286,6 @@ class Opening:
         self._stream = Cipher(algorithms.AES(chunk_key), modes.GCM(ZERO_NONCE)).decryptor()
         self._stream.authenticate_additional_data(head + chunk_id.raw)
         self._lanes = lanes
-        self._lane: Lane | None = None
 
     def advance(self, landed: int) -> None:
         """Open the runs that have landed whole before offset `landed` (all of the rest
@@ -297,24 +296,22 @@ class Opening:
     def finish(self) -> None:
         """Open the rest (the whole object has landed), then check the tag and the
         plaintext's digest; ChunkCorrupt when either fails."""
-        if self._lanes is not None and self._end - self.pos >= LANE_MIN:
-            self._lane = self._lanes.take()
+        lanes = self._lanes if self._end - self.pos >= LANE_MIN else None
+        lane = lanes.take() if lanes is not None else None
+        drained = False  # a lane given back with runs still to hash is retired
         try:
-            self._open(self._end, self._lane)
+            self._open(self._end, lane)
             try:
                 self._stream.finalize_with_tag(bytes(self._sealed[self._end :]))
             except InvalidTag:
                 raise ChunkCorrupt(self.chunk_id, "seal tag does not verify") from None
-            if self._lane is not None:
-                self._lane.drained()  # raises what hashing raised
-                self._give_lane(drained=True)
+            if lane is not None:
+                lane.drained()  # raises what hashing raised
+                drained = True
         finally:
-            self.close()
+            if lanes is not None and lane is not None:
+                lanes.give(lane, drained=drained)
         _check(self.chunk_id, self._hasher.digest())
-
-    def close(self) -> None:
-        """Give back a lane an unfinished opening holds: it is retired (see cas/lanes.py)."""
-        self._give_lane(drained=False)
 
     def _run_end(self, landed: int) -> int:
         upto = min(landed, self._end)
@@ -343,11 +340,6 @@ class Opening:
             if off == seg.nbytes:
                 i, off = i + 1, 0
         self._at = (i, off)
-
-    def _give_lane(self, *, drained: bool) -> None:
-        if self._lane is not None and self._lanes is not None:
-            lane, self._lane = self._lane, None
-            self._lanes.give(lane, drained=drained)
 
 
 def _check(chunk_id: ChunkId, digest: bytes) -> None:

@@ -20,8 +20,6 @@ and a chunk whose header does not open, are opened whole after the read (which r
   ChunkStore.get_into has returned. The read itself ends at its next run (Stopped).
 - finish: after the read, the rest opened (hashed on a lane, if the store lends one:
   the scratch buffer no longer changes) and the tag and the digest checked.
-- close: once the chunk is done with, whatever the outcome; a lane an opening held is
-  given back.
 
 Measured (`benchmarks/restore_phases.py [--s3] --depth 2048 --rounds 11`, one 2,048-token cut of
 the demo model, 2 cores; three runs each, alternating with the trail turned off): from
@@ -100,14 +98,6 @@ class Trail:
         """No run is opened after this returns (on the loop's thread)."""
         with self._lock:
             self._stopped = True
-
-    def close(self) -> None:
-        """Once the chunk is done with, opened or not: stop, and give back what the
-        opening holds (on the loop's thread)."""
-        self.stop()
-        with self._lock:
-            if self._opening is not None:
-                self._opening.close()
 
     def finish(self, n: int, area: Area) -> None:
         """The chunk's `n` sealed bytes have all landed: open what is left and check it

@@ -14,16 +14,23 @@ their way), intake (allocate the shadow caches the cut becomes), fill (every chu
 opened and re-hashed straight into them) and commit (heads checked, the swap, the
 caches evaluated). --latency-ms adds that much to every read of the restoring service's
 store, as a store across a network would (a wrapper around the real store). Prints the
-first round (fresh memory) and the median of the rest.
+first round (fresh memory) and the median of the rest, then, inside the fill: the
+intake's allocation of the shadow's buffers (on this thread, beside the reads), and the
+CPU seconds this process and, with --s3, the SeaweedFS server used while it ran (the
+server's in clock ticks, 10 ms here): beside the fill's wall time, whether the cores
+were the bound.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import resource
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +47,7 @@ from kvpack.tiers.durable import CutReader
 from kvpack.vault import Vault
 
 PHASES = ("find", "manifest", "intake", "fill", "commit")
+INSIDE = ("alloc", "cpu self", "cpu store")  # inside the fill (see the module words)
 
 
 def main() -> None:
@@ -59,8 +67,9 @@ def main() -> None:
             with_cut.close()
         vault = Vault.open(settings, objects=Delayed(settings.open_store(), opts.latency_ms / 1000))
         svc = Service.open(settings, model=opts.model, vault=vault)
+        store_cpu = _process_cpu(server.process.pid) if opts.s3 else None
         try:
-            rounds, mb = restore(svc, tokens, opts.rounds)
+            rounds, inside, mb = restore(svc, tokens, opts.rounds, store_cpu)
         finally:
             svc.close()
             vault.close()
@@ -75,6 +84,15 @@ def main() -> None:
         total = sum(row)
         cells = "".join(f"{1000 * s:8.1f}ms" for s in (*row, total))
         print(f"{name:12s}{cells}{mb / total:10.0f}")
+    print("inside the fill:")
+    print(f"{'':12s}" + "".join(f"{p:>10s}" for p in INSIDE))
+    later = [
+        None if None in column else statistics.median(column)  # type: ignore[type-var]
+        for column in zip(*inside[1:], strict=True)
+    ]
+    for name, row in (("first", inside[0]), ("median rest", later)):
+        cells = "".join("         -" if s is None else f"{1000 * s:8.1f}ms" for s in row)
+        print(f"{name:12s}{cells}")
 
 
 def _more(args: Any) -> None:
@@ -106,10 +124,12 @@ class Delayed:
         return await self.inner.stat(key)
 
 
-def restore(svc: Service, tokens: list[int], rounds: int) -> tuple[list[list[float]], float]:
+def restore(
+    svc: Service, tokens: list[int], rounds: int, store_cpu: Callable[[], float] | None
+) -> tuple[list[list[float]], list[list[float | None]], float]:
     tenant = svc.tenant("default")
     scope, slot = tenant.scope, tenant.pool.slot(0)
-    out, mb = [], 0.0
+    out, inside, mb = [], [], 0.0
     for _ in range(rounds):
         slot.reset()
         t = [time.perf_counter()]
@@ -120,14 +140,56 @@ def restore(svc: Service, tokens: list[int], rounds: int) -> tuple[list[list[flo
         t.append(time.perf_counter())
         intake = slot.intake(reader.layout)
         t.append(time.perf_counter())
-        reader.fill(intake)
+        cpu, store = _cpu(), store_cpu() if store_cpu else 0.0
+        with _timed(intake, "destinations") as alloc:
+            reader.fill(intake)
         t.append(time.perf_counter())
+        cpu, store = _cpu() - cpu, store_cpu() - store if store_cpu else None
         slot.restore(intake, prompt=tokens)
         mx.eval([a for c in slot.state.cache for a in (c.keys, c.values)])
         t.append(time.perf_counter())
         out.append([b - a for a, b in zip(t, t[1:], strict=False)])
+        inside.append([sum(alloc), cpu, store])
         mb = cut.bytes / 1e6
-    return out, mb
+    return out, inside, mb
+
+
+@contextlib.contextmanager
+def _timed(obj: Any, name: str) -> Iterator[list[float]]:
+    """The seconds of each call of obj.name meanwhile (an instance attribute over the
+    method, removed on exit: it refers to obj, and a cycle would keep obj's buffers
+    from the next round until the garbage collector runs)."""
+    seconds: list[float] = []
+    method = getattr(obj, name)
+
+    def timed(*args: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return method(*args)
+        finally:
+            seconds.append(time.perf_counter() - start)
+
+    setattr(obj, name, timed)
+    try:
+        yield seconds
+    finally:
+        delattr(obj, name)
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _process_cpu(pid: int) -> Callable[[], float]:
+    """CPU seconds another process has used so far (Linux /proc, user + system)."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def read() -> float:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick
+
+    return read
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import resource
 import statistics
 import tempfile
 import time
@@ -140,11 +139,11 @@ def restore(
         t.append(time.perf_counter())
         intake = slot.intake(reader.layout)
         t.append(time.perf_counter())
-        cpu, store = _cpu(), store_cpu() if store_cpu else 0.0
+        cpu, store = time.process_time(), store_cpu() if store_cpu else 0.0
         with _timed(intake, "destinations") as alloc:
             reader.fill(intake)
         t.append(time.perf_counter())
-        cpu, store = _cpu() - cpu, store_cpu() - store if store_cpu else None
+        cpu, store = time.process_time() - cpu, store_cpu() - store if store_cpu else None
         slot.restore(intake, prompt=tokens)
         mx.eval([a for c in slot.state.cache for a in (c.keys, c.values)])
         t.append(time.perf_counter())
@@ -174,11 +173,6 @@ def _timed(obj: Any, name: str) -> Iterator[list[float]]:
         yield seconds
     finally:
         delattr(obj, name)
-
-
-def _cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _process_cpu(pid: int) -> Callable[[], float]:

@@ -5,7 +5,8 @@
   caller's batch is max_concurrency × object size). get_into, the chunk reader's
   call, sends a GET the client presigned on a plain connection that reads the body
   straight into the caller's buffer (cas/s3_get.py), unless a proxy is set for the
-  endpoint or `direct_get` is off.
+  endpoint or `direct_get` is off; get (a manifest's read) takes the same path into a
+  buffer of the body's size, so it leaves the loop free for the chunks' reads.
 - administration (ensure_bucket): boto3, synchronous, off the data path.
 - one door: every data-path call goes through S3Store._call, which owns
   retries (a tuple of retryable errors, capped exponential backoff with
@@ -256,11 +257,26 @@ class _Client:
     ) -> int:
         if self._direct is None:  # `Landed` is not called: the bytes land on the loop's thread
             return await self._through_client(Bucket, Key, Out)
-        params = {"Bucket": Bucket, "Key": Key}
-        url = await self._client.generate_presigned_url(
+        url = await self._presigned(Bucket, Key)
+        return await asyncio.to_thread(self._direct.get_into, url, Key, Out, Landed)
+
+    async def get_object_bytes(self, *, Bucket: str, Key: str) -> bytes:
+        """A whole object's body: read directly where the direct GET is on (off the loop,
+        on a connection the chunk reads have already opened), else through the client."""
+        if self._direct is None:
+            resp = await self._client.get_object(Bucket=Bucket, Key=Key)
+            async with resp["Body"] as body:
+                data: bytes = await body.read()
+                return data
+        url = await self._presigned(Bucket, Key)
+        return await asyncio.to_thread(self._direct.get, url)
+
+    async def _presigned(self, bucket: str, key: str) -> str:
+        params = {"Bucket": bucket, "Key": key}
+        url: str = await self._client.generate_presigned_url(
             "get_object", Params=params, ExpiresIn=PRESIGN_S
         )
-        return await asyncio.to_thread(self._direct.get_into, url, Key, Out, Landed)
+        return url
 
     async def _through_client(self, bucket: str, key: str, out: memoryview) -> int:
         resp = await self._client.get_object(Bucket=bucket, Key=key)
@@ -425,12 +441,9 @@ class S3Store:
     async def get(self, key: str) -> bytes:
         full = self._key(key)
 
-        async def request(c: Any) -> bytes:
-            resp = await c.get_object(Bucket=self.config.bucket, Key=full)
-            async with resp["Body"] as body:
-                return await body.read()
-
-        return await self._call("get", key, request)
+        return await self._call(
+            "get", key, lambda c: c.get_object_bytes(Bucket=self.config.bucket, Key=full)
+        )
 
     async def get_into(self, key: str, out: memoryview, landed: Landed | None = None) -> int:
         full = self._key(key)

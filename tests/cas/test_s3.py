@@ -80,7 +80,7 @@ def test_transient_failure_once_is_retried(s3_config, aio):
 @pytest.mark.parametrize("code, status", [("SlowDown", 503), ("InternalError", 500)])
 def test_retryable_server_errors_are_retried(s3_config, aio, code, status):
     """5xx / SlowDown answers are retried like transport errors."""
-    store, held = flaky_store(s3_config, "get_object", 2, lambda: client_error(code, status))
+    store, held = flaky_store(s3_config, "get_object_bytes", 2, lambda: client_error(code, status))
     try:
         aio.run(store.put_if_absent("r/2", b"abc"))
         assert aio.run(store.get("r/2")) == b"abc"
@@ -107,7 +107,7 @@ def test_conditional_conflict_is_retried_until_the_answer_is_known(s3_config, ai
 
 def test_always_failing_gives_store_unavailable(s3_config, aio):
     """Failing every attempt: exactly max_attempts tries, then StoreUnavailable from the cause."""
-    store, held = flaky_store(s3_config, "get_object", 99, connection_error, max_attempts=3)
+    store, held = flaky_store(s3_config, "get_object_bytes", 99, connection_error, max_attempts=3)
     try:
         with pytest.raises(StoreUnavailable) as e:
             aio.run(store.get("x/1"))
@@ -125,7 +125,7 @@ def test_an_open_breaker_fails_calls_at_once_until_a_probe_is_answered(s3_config
     a verdict (404) counts as an answer, and after the window one probe goes through and
     its success closes the breaker."""
     store, held = flaky_store(
-        s3_config, "get_object", 4, connection_error, max_attempts=5, breaker_threshold=2,
+        s3_config, "get_object_bytes", 4, connection_error, max_attempts=5, breaker_threshold=2,
         breaker_backoff_s=0.3,
     )  # fmt: skip
     try:
@@ -150,6 +150,29 @@ def test_an_open_breaker_fails_calls_at_once_until_a_probe_is_answered(s3_config
         with pytest.raises(ObjectMissing):
             aio.run(store.get("b/none"))
         assert store.breaker.state().failures == 0
+    finally:
+        aio.run(store.aclose())
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_whole_object_is_read_directly_unless_the_direct_get_is_off(s3_config, aio, direct):
+    """get (a manifest's read) takes the direct GET where it is on: no GET goes through
+    aiobotocore's sender; with it off, the one GET does. The bytes are the same."""
+    store = S3Store(dataclasses.replace(s3_config, direct_get=direct))
+    sent: list[str] = []
+
+    async def read() -> bytes:
+        client = await store.client()
+        client.meta.events.register(
+            "before-send.s3", lambda request, **_: sent.append(request.method)
+        )
+        await store.put_if_absent("whole/1", b"manifest" * 10_000)
+        sent.clear()
+        return await store.get("whole/1")
+
+    try:
+        assert aio.run(read()) == b"manifest" * 10_000
+        assert sent.count("GET") == (0 if direct else 1)
     finally:
         aio.run(store.aclose())
 
@@ -253,7 +276,7 @@ def test_checksum_settings_reach_the_wire(s3_config, s3_server, aio):
     assert seen[1][0] == "GET" and "x-amz-checksum-mode" in seen[1][1]
 
     seen.clear()
-    store = S3Store(s3_config)
+    store = S3Store(dataclasses.replace(s3_config, direct_get=False))  # every GET via botocore
 
     async def ours():
         (await store.client()).meta.events.register("before-send.s3", record)

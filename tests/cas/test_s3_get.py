@@ -86,6 +86,22 @@ def test_a_body_is_read_into_the_buffer_and_the_connection_kept(direct):
     server.close()
 
 
+def test_a_whole_body_is_read_at_its_announced_size_and_an_early_end_refused(direct):
+    """get (a manifest's read): the body at the size its Content-Length announces, on the
+    kept connection; a body that ends before that size is an incomplete read."""
+    server = Scripted(
+        (answer("200 OK", b"m" * 70_000), False),
+        (answer("200 OK", b""), False),
+        (answer("200 OK", b"short", length=9), True),
+    )
+    assert direct.get(server.url) == b"m" * 70_000
+    assert direct.get(server.url) == b""
+    with pytest.raises((bx.IncompleteReadError, ConnectionError)):
+        direct.get(server.url)
+    assert (server.connections, server.requests) == (1, 3)
+    server.close()
+
+
 def test_an_error_answer_is_the_client_error_botocore_raises(direct):
     """Branch: status != 200. An S3 error document gives its code, message and request
     id; a bare 404 gives the status as the code. The connection is kept after both."""

@@ -261,8 +261,8 @@ class _Client:
         return await asyncio.to_thread(self._direct.get_into, url, Key, Out, Landed)
 
     async def get_object_bytes(self, *, Bucket: str, Key: str) -> bytes:
-        """A whole object's body: read directly where the direct GET is on (off the loop,
-        on a connection the chunk reads have already opened), else through the client."""
+        """A whole object's body: by the direct GET where it is on (off the loop, on the
+        connections it keeps for the chunks' reads), else through the client."""
         if self._direct is None:
             resp = await self._client.get_object(Bucket=Bucket, Key=Key)
             async with resp["Body"] as body:

@@ -5,8 +5,8 @@
 Starts a SeaweedFS on loopback (as bench_s3_postgres.py does), writes two objects of
 --size bytes, then, alternating the two paths of S3Store.get (cas/s3.py: the direct GET,
 and aiobotocore's get_object with `direct_get` off), runs --processes fresh processes
-each. A process warms its store as a server's warm start does (a stat and a chunk
-read's get_into per chunk in flight, each of a key never written: cas ChunkStore.warm),
+each. A process warms its store as a server's warm start does (a stat of a key never
+written, then cas ChunkStore.warm: a get_into of that key per chunk in flight),
 then times --reads gets, alternating the two objects. Prints each process's times: the
 first read after a start is the one a restart's first request pays.
 """
@@ -23,7 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from cas.chunks import ChunkStore
 from cas.errors import ObjectMissing
+from cas.keys import Keyring
 from cas.s3 import S3Config, S3Store, ensure_bucket
 from kvpack.bench.seaweedfs import start_seaweedfs
 
@@ -60,14 +62,10 @@ async def _write(config: S3Config, size: int) -> None:
 
 
 async def _child(direct: bool, reads: int) -> list[float]:
-    config = S3Config.from_env("manifest-get", direct_get=direct)
-    store = S3Store(config)
+    store = S3Store(S3Config.from_env("manifest-get", direct_get=direct))
     with contextlib.suppress(ObjectMissing):
         await store.stat(PROBE)
-    scratch = memoryview(bytearray(1 << 20))
-    for _ in range(config.max_concurrency):
-        with contextlib.suppress(ObjectMissing):
-            await store.get_into(PROBE, scratch)
+    await ChunkStore(store, Keyring.generate()).warm(1 << 20, probe_key=PROBE)
     seconds = []
     for i in range(reads):
         t = time.perf_counter()

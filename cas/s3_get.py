@@ -13,9 +13,10 @@ and 153 ms of client CPU against 412 ms and 267 ms through aiobotocore.
 `get` reads a whole object (a manifest) the same way, into a buffer of the size the
 answer announces: off the loop, where aiobotocore's parser would hold it while the
 chunks' reads wait to start, and on the path the warm start has already run. Measured
-(`benchmarks/manifest_get.py`: SeaweedFS on loopback, 3 kB objects, six fresh processes
-a path, each warmed as a server is): the first read after the start 1.22-2.22 ms and
-the next ones 0.95-1.36 ms, against 1.83-2.55 ms and 1.32-1.90 ms through aiobotocore.
+(`benchmarks/manifest_get.py`, run twice: SeaweedFS on loopback, 3 kB objects, six fresh
+processes a path, each warmed as a server is): the first read after the start 1.64-2.87
+ms and the next ones 1.24-2.28 ms, against 2.26-3.87 ms and 1.78-3.54 ms through
+aiobotocore.
 
 - connections: kept per (scheme, host, port) between reads, at most `keep` idle; one
   that failed or that the server will close is dropped, never reused. A kept one the

@@ -8,14 +8,15 @@
   plausible sealed size (any key id, any format that still opens); one that does not (a
   truncated leftover) is replaced.
 - get_into: every chunk fetched into a scratch buffer (cas/buffers.py) and opened —
-  tag-verified, decrypted into the caller's destination (in place and copied out, for a
-  destination in segments: cas/seal.py Opening) and hashed once against its id. Where
-  the store reports its bytes as they land (the direct S3 GET) and the destination
-  exists, the open follows the read run by run on the reading thread (cas/trail.py),
-  else it opens the chunk after its read. Up to max_concurrency chunks are in flight,
-  each read and opened in worker threads. A chunk that fails raises ChunkCorrupt /
-  ChunkMissing and the whole call fails; no worker writes into a destination after the
-  call has returned or raised. get / get_many are get_into over buffers they allocate.
+  tag-verified, decrypted into the caller's destination (within the scratch buffer and
+  copied out, for a destination in segments: cas/seal.py Opening) and hashed once
+  against its id. Where the store reports its bytes as they land (the direct S3 GET)
+  and the destination exists, the open follows the read run by run on the reading
+  thread (cas/trail.py), else it opens the chunk after its read. Up to max_concurrency
+  chunks are in flight, each read and opened in worker threads. A chunk that fails
+  raises ChunkCorrupt / ChunkMissing and the whole call fails; no worker writes into a
+  destination after the call has returned or raised. get / get_many are get_into over
+  buffers they allocate.
 - warm: a first read's setup paid ahead (a server's warm start): max_concurrency scratch
   buffers of a given size, the worker threads that open chunks, a store connection per
   chunk in flight, the seal's open path once on each worker, and the hash lanes'
@@ -25,7 +26,7 @@
 
 Copies per byte on the read path (store to destination): 2 — the kernel's read (of the
 file, or of the socket: cas/s3_get.py) into the scratch buffer, and, into a destination
-in segments, the copy of each run after it is decrypted and hashed in place there
+in segments, the copy of each run after it is decrypted and hashed within it
 (cas/seal.py Opening; into one buffer, the decryption writes the destination itself). On
 S3 the runs are opened while still in the cache: the open trails the read. On S3 through
 aiobotocore (where a proxy is set for the endpoint), 4: the kernel's socket read into a

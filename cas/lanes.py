@@ -9,7 +9,7 @@ its hash holds the critical path.
 
 - lane: a thread that hashes runs in the order they are handed to it, while the opening
   thread copies each run out and decrypts the next. A lane only reads the runs (opened
-  in place in the chunk's scratch buffer); `drained()` waits until every run handed over
+  within the chunk's scratch buffer); `drained()` waits until every run handed over
   is hashed and raises what hashing raised.
 - Lanes: lends lanes, at most `size` at once (none free: the opener hashes inline, as
   without lanes), and keeps them between loans. A lane given back undrained (its chunk

@@ -184,8 +184,8 @@ class ChunkSeal:
         """Verify and decrypt into `out`, then hash the plaintext once against the id.
         `out` is one buffer of exactly the plaintext size, or segments (writable buffers
         whose sizes add up to it) that the plaintext fills in order, so it can land straight
-        where its pieces belong: then format 2 opens in place (Opening), so a writable
-        `sealed` holds plaintext afterwards (read-only bytes are copied first), and
+        where its pieces belong: then format 2 opens within `sealed` (Opening), so a writable
+        `sealed` holds garbage afterwards (read-only bytes are copied first), and
         `lanes` may lend the hash a thread. ChunkCorrupt, UnknownKey. On error `out` holds
         garbage and must not be used."""
         sealed = memoryview(sealed)
@@ -224,7 +224,7 @@ class ChunkSeal:
         key: bytes,
         lanes: Lanes | None,
     ) -> None:
-        if sealed.readonly:  # opened in place: a caller's read-only bytes are copied once
+        if sealed.readonly:  # opened within: a caller's read-only bytes are copied once
             sealed = memoryview(bytearray(sealed))
         opening = self.opening(chunk_id, sealed, segments, digest_key=key, lanes=lanes)
         if opening is None:  # GCM-SIV cannot stream: open whole, then scatter
@@ -259,9 +259,11 @@ class ChunkSeal:
 
 
 class Opening:
-    """One format 2 chunk opened in place, in stream order, run by run as its sealed
-    bytes land in `sealed` (`advance`): each run (at most RUN bytes, starting at a
-    multiple of ALIGN in the stream) is decrypted where it landed, hashed there, and
+    """One format 2 chunk opened in stream order, run by run as its sealed bytes land in
+    `sealed` (`advance`): each run (at most RUN bytes, starting at a multiple of ALIGN in
+    the stream) is decrypted into `sealed` at its offset in the stream less RUN, over
+    ciphertext already opened (cryptography refuses, from 51, to decrypt a run onto
+    itself; the stream's first RUN bytes go to a buffer of their own), hashed there and
     copied into the segments it belongs in. `finish` opens what is left — hashing those
     runs on a lane of `lanes` where one is free (cas/lanes.py), the read being over —
     then checks the tag and the digest. Until finish returns, the segments hold garbage.
@@ -282,6 +284,7 @@ class Opening:
         self._start = self.pos = start  # pos: the next sealed byte to open
         self._end = len(sealed) - TAG_SIZE
         self._at = (0, 0)  # (segment, offset in it) of the next plaintext byte
+        self._front = memoryview(bytearray(min(RUN, self._end - start)))
         self._hasher = blake3.blake3(key=digest_key)
         self._stream = Cipher(algorithms.AES(chunk_key), modes.GCM(ZERO_NONCE)).decryptor()
         self._stream.authenticate_additional_data(head + chunk_id.raw)
@@ -319,9 +322,10 @@ class Opening:
 
     def _open(self, upto: int, lane: Lane | None) -> None:
         while self.pos < upto:
-            n = min(RUN, upto - self.pos)
-            run = self._sealed[self.pos : self.pos + n]
-            self._stream.update_into(run, run)
+            at = self.pos - self._start - RUN  # where the run's plaintext goes
+            n = min(RUN, upto - self.pos, -at if at < 0 else RUN)  # in _front or not
+            run = self._front[at + RUN : at + RUN + n] if at < 0 else self._sealed[at : at + n]
+            self._stream.update_into(self._sealed[self.pos : self.pos + n], run)
             if lane is not None:
                 lane.hash(self._hasher, run)
             else:

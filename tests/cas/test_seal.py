@@ -13,6 +13,7 @@ from cas.keys import Keyring
 from cas.seal import (
     MAGIC,
     NONCE_SIZE,
+    RUN,
     TAG_SIZE,
     VERSION,
     VERSION_V1,
@@ -260,3 +261,32 @@ def test_open_into_segments_fills_them_in_order(version):
         forged = ChunkSeal(ring).seal(forged_id, data)
     with pytest.raises(ChunkCorrupt, match="hash"):
         seal.open_into(forged_id, forged, _segments([1000]), digest_key=key)
+
+
+@pytest.mark.parametrize("step", [100_003, 3 << 20])
+def test_opening_streamed_in_landings_matches_the_plaintext(step):
+    """An Opening fed as a read lands the bytes (odd-sized landings across several runs,
+    each run's plaintext going behind its ciphertext or, for the first RUN bytes, to a
+    buffer of its own): the segments hold the plaintext and the sealed buffer is left
+    writable garbage; a flipped byte in a run opened mid-read fails the tag at finish."""
+    ring = Keyring.generate()
+    data = os.urandom(2 * RUN + 12_345)
+    cid, sealed = _sealed(ring, data)
+    seal, key = ChunkSeal(ring), ring.digest_key(NS)
+    for damage in (None, RUN + 7):
+        landing = bytearray(len(sealed))
+        if damage is not None:
+            sealed[damage] ^= 1
+        segs = _segments([1, RUN - 1, 4096, len(data) - RUN - 4096])
+        opening = None
+        for n in [*range(step, len(sealed), step), len(sealed)]:
+            landing[n - min(step, n) : n] = sealed[n - min(step, n) : n]
+            opening = opening or seal.opening(cid, memoryview(landing), segs, digest_key=key)
+            opening.advance(n)
+        assert opening is not None
+        if damage is None:
+            opening.finish()
+            assert b"".join(s.tobytes() for s in segs) == data
+        else:
+            with pytest.raises(ChunkCorrupt, match="tag"):
+                opening.finish()

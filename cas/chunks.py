@@ -8,8 +8,8 @@
   plausible sealed size (any key id, any format that still opens); one that does not (a
   truncated leftover) is replaced.
 - get_into: every chunk fetched into a scratch buffer (cas/buffers.py) and opened —
-  tag-verified, decrypted into the caller's destination (within the scratch buffer and
-  copied out, for a destination in segments: cas/seal.py Opening) and hashed once
+  tag-verified, decrypted into the caller's destination (into a run buffer in the
+  cache and copied out, for a destination in segments: cas/seal.py Opening) and hashed once
   against its id. Where the store reports its bytes as they land (the direct S3 GET)
   and the destination exists, the open follows the read run by run on the reading
   thread (cas/trail.py), else it opens the chunk after its read. Up to max_concurrency
@@ -26,13 +26,13 @@
 
 Copies per byte on the read path (store to destination): 2 — the kernel's read (of the
 file, or of the socket: cas/s3_get.py) into the scratch buffer, and, into a destination
-in segments, the copy of each run after it is decrypted and hashed within it
-(cas/seal.py Opening; into one buffer, the decryption writes the destination itself). On
+in segments, the copy of each run after it is decrypted into a run buffer and hashed
+there (cas/seal.py Opening; into one buffer, the decryption writes the destination itself). On
 S3 the runs are opened while still in the cache: the open trails the read. On S3 through
 aiobotocore (where a proxy is set for the endpoint), 4: the kernel's socket read into a
 bytes object, aiohttp's HTTP parser copying the body out of it, aiobotocore's `readinto`
 copying that into the scratch buffer (5 where aiohttp first joins several buffered
-pieces), the copy out. The re-hash reads each byte once, in the scratch buffer; a chunk
+pieces), the copy out. The re-hash reads each byte once, in the run buffer; a chunk
 opened after its read hashes on a lane (cas/lanes.py) while its runs are copied out.
 The engine's own count continues in engine/state.py.
 

@@ -8,20 +8,21 @@ short cut's one block, the last chunk of a long one — leaves the other core id
 its hash holds the critical path.
 
 - lane: a thread that hashes runs in the order they are handed to it, while the opening
-  thread copies each run out and decrypts the next. A lane only reads the runs (opened
-  within the chunk's scratch buffer); `drained()` waits until every run handed over
-  is hashed and raises what hashing raised.
+  thread copies each run out and decrypts the next. A lane only reads the runs (in the
+  opening thread's run buffers) and releases each once done with it; `drained()` waits
+  until every run handed over is hashed and raises what hashing raised.
 - Lanes: lends lanes, at most `size` at once (none free: the opener hashes inline, as
   without lanes), and keeps them between loans. A lane given back undrained (its chunk
   failed with runs still queued) is retired, not kept: its thread ends once it has
-  hashed what it holds, and no later chunk waits behind it. What it still reads is a
-  scratch buffer that is garbage to everyone by then.
+  hashed what it holds, and no later chunk waits behind it. What it still reads is
+  garbage to everyone by then.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -37,21 +38,24 @@ class _Drained:
         self.error: BaseException | None = None
 
 
+_Run = tuple[Hasher, memoryview, Callable[[], object] | None]
 _STOP = None
 
 
 class Lane:
     def __init__(self, name: str) -> None:
-        self._queue: queue.SimpleQueue[tuple[Hasher, memoryview] | _Drained | None] = (
-            queue.SimpleQueue()
-        )
+        self._queue: queue.SimpleQueue[_Run | _Drained | None] = queue.SimpleQueue()
         self._error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
-    def hash(self, hasher: Hasher, run: memoryview) -> None:
-        """`hasher.update(run)` on the lane, after every run handed over before."""
-        self._queue.put((hasher, run))
+    def hash(
+        self, hasher: Hasher, run: memoryview, *, release: Callable[[], object] | None = None
+    ) -> None:
+        """`hasher.update(run)` on the lane, after every run handed over before; then
+        `release()`, also where an earlier error skips the hash: the lane is done with
+        `run`'s buffer."""
+        self._queue.put((hasher, run, release))
 
     def drained(self) -> None:
         """Wait until every run handed over so far is hashed; raise what hashing raised."""
@@ -70,12 +74,15 @@ class Lane:
             if isinstance(item, _Drained):
                 item.error, self._error = self._error, None
                 item.done.set()
-            elif self._error is None:
-                hasher, run = item
-                try:
-                    hasher.update(run)
-                except Exception as e:  # noqa: BLE001 - drained() raises it on the opener's thread
-                    self._error = e
+            else:
+                hasher, run, release = item
+                if self._error is None:
+                    try:
+                        hasher.update(run)
+                    except Exception as e:  # noqa: BLE001 - drained() raises it on the opener's thread
+                        self._error = e
+                if release is not None:
+                    release()
 
 
 class Lanes:

@@ -61,7 +61,10 @@ hold garbage; the caller uses nothing until open_into (Opening.finish) returns.
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Sequence
+from functools import partial
 
 import blake3
 from cryptography.exceptions import InvalidTag
@@ -86,6 +89,7 @@ ZERO_NONCE = bytes(NONCE_SIZE)
 # one is over before a hand-off would pay.
 LANE_MIN = 1 << 20
 RUN = 1 << 20  # bytes opened at a time at most: few GIL hand-offs, still in the cache
+RING = 2  # run buffers per thread: a lane hashes one while the opener fills the other
 # Runs start at multiples of this in the stream: BLAKE3 hashes many of its 1 KiB chunks
 # at once only in subtrees aligned to their size, so updates from unaligned offsets are
 # slow (a demo block hashed segment by segment, 1,472 + k x 64 KiB: 3.3 ms, against 1.7
@@ -184,10 +188,9 @@ class ChunkSeal:
         """Verify and decrypt into `out`, then hash the plaintext once against the id.
         `out` is one buffer of exactly the plaintext size, or segments (writable buffers
         whose sizes add up to it) that the plaintext fills in order, so it can land straight
-        where its pieces belong: then format 2 opens within `sealed` (Opening), so a writable
-        `sealed` holds garbage afterwards (read-only bytes are copied first), and
-        `lanes` may lend the hash a thread. ChunkCorrupt, UnknownKey. On error `out` holds
-        garbage and must not be used."""
+        where its pieces belong: then format 2 opens as a stream (Opening), and `lanes`
+        may lend the hash a thread. `sealed` is only read. ChunkCorrupt, UnknownKey. On
+        error `out` holds garbage and must not be used."""
         sealed = memoryview(sealed)
         if isinstance(out, memoryview):
             self._decrypt(chunk_id, sealed, out)
@@ -224,8 +227,6 @@ class ChunkSeal:
         key: bytes,
         lanes: Lanes | None,
     ) -> None:
-        if sealed.readonly:  # opened within: a caller's read-only bytes are copied once
-            sealed = memoryview(bytearray(sealed))
         opening = self.opening(chunk_id, sealed, segments, digest_key=key, lanes=lanes)
         if opening is None:  # GCM-SIV cannot stream: open whole, then scatter
             segments = [memoryview(s).cast("B") for s in segments]
@@ -261,13 +262,13 @@ class ChunkSeal:
 class Opening:
     """One format 2 chunk opened in stream order, run by run as its sealed bytes land in
     `sealed` (`advance`): each run (at most RUN bytes, starting at a multiple of ALIGN in
-    the stream) is decrypted into `sealed` at its offset in the stream less RUN, over
-    ciphertext already opened (cryptography refuses, from 51, to decrypt a run onto
-    itself; the stream's first RUN bytes go to a buffer of their own), hashed there and
-    copied into the segments it belongs in. `finish` opens what is left — hashing those
-    runs on a lane of `lanes` where one is free (cas/lanes.py), the read being over —
-    then checks the tag and the digest. Until finish returns, the segments hold garbage.
-    Used by one thread at a time."""
+    the stream) is decrypted into a run buffer of the opening thread's (reused chunk
+    after chunk, so it is in the cache; cryptography refuses, from 51, to decrypt a run
+    onto itself), hashed there and copied into the segments it belongs in. `finish`
+    opens what is left — hashing those runs on a lane of `lanes` where one is free
+    (cas/lanes.py), the read being over — then checks the tag and the digest. `sealed`
+    is only read. Until finish returns, the segments hold garbage. Used by one thread at
+    a time."""
 
     def __init__(
         self,
@@ -284,7 +285,6 @@ class Opening:
         self._start = self.pos = start  # pos: the next sealed byte to open
         self._end = len(sealed) - TAG_SIZE
         self._at = (0, 0)  # (segment, offset in it) of the next plaintext byte
-        self._front = memoryview(bytearray(min(RUN, self._end - start)))
         self._hasher = blake3.blake3(key=digest_key)
         self._stream = Cipher(algorithms.AES(chunk_key), modes.GCM(ZERO_NONCE)).decryptor()
         self._stream.authenticate_additional_data(head + chunk_id.raw)
@@ -292,8 +292,7 @@ class Opening:
 
     def advance(self, landed: int) -> None:
         """Open the runs that have landed whole before offset `landed` (all of the rest
-        once `landed` reaches the tag). Hashed inline: a retried read may land again over
-        what was opened, so no run outlives this call unhashed."""
+        once `landed` reaches the tag), hashed inline."""
         self._open(self._run_end(landed), None)
 
     def finish(self) -> None:
@@ -321,13 +320,17 @@ class Opening:
         return upto if upto == self._end else self._start + (upto - self._start) // ALIGN * ALIGN
 
     def _open(self, upto: int, lane: Lane | None) -> None:
+        buffers = _run_buffers()
+        free: queue.SimpleQueue[memoryview] = queue.SimpleQueue()  # those the lane is done with
+        for buffer in buffers if lane is not None else ():
+            free.put(buffer)
         while self.pos < upto:
-            at = self.pos - self._start - RUN  # where the run's plaintext goes
-            n = min(RUN, upto - self.pos, -at if at < 0 else RUN)  # in _front or not
-            run = self._front[at + RUN : at + RUN + n] if at < 0 else self._sealed[at : at + n]
+            n = min(RUN, upto - self.pos)
+            buffer = free.get() if lane is not None else buffers[0]
+            run = buffer[:n]
             self._stream.update_into(self._sealed[self.pos : self.pos + n], run)
             if lane is not None:
-                lane.hash(self._hasher, run)
+                lane.hash(self._hasher, run, release=partial(free.put, buffer))
             else:
                 self._hasher.update(run)
             self._scatter(run)
@@ -344,6 +347,19 @@ class Opening:
             if off == seg.nbytes:
                 i, off = i + 1, 0
         self._at = (i, off)
+
+
+_local = threading.local()
+
+
+def _run_buffers() -> list[memoryview]:
+    """This thread's RING buffers of RUN bytes that runs are opened into. A lane retired
+    with runs still queued (its chunk failed) may read them after the next chunk reuses
+    them; what it hashes then goes into a hasher no one reads."""
+    buffers = getattr(_local, "buffers", None)
+    if buffers is None:
+        buffers = _local.buffers = [memoryview(bytearray(RUN)) for _ in range(RING)]
+    return buffers
 
 
 def _check(chunk_id: ChunkId, digest: bytes) -> None:

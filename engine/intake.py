@@ -27,8 +27,8 @@ any thread (cas ChunkStore.get_into with segments); then `slot.restore(intake,
 prompt=...)` checks every head and swaps the shadow in, once. Nothing is decoded,
 joined or copied after the open: copies per byte from the store to the slot are 2 (the
 kernel's read of the file or the socket into cas's scratch buffer, the copy of the
-bytes, decrypted and hashed within it, into the slot's cache; 4 on S3 through a
-proxy: cas/chunks.py counts them).
+bytes, decrypted into a run buffer and hashed there, into the slot's cache; 4 on S3
+through a proxy: cas/chunks.py counts them).
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ compare by value.
 Copies per byte from the object store to the slot, on the durable read path:
 - into an intake (engine/intake.py: Slot.intake, cas ChunkStore.get_into with its
   segments, Slot.restore): 2 — the kernel's read of the file or the socket into cas's
-  scratch buffer, and the copy of each run, decrypted and re-hashed within it, into
+  scratch buffer, and the copy of each run, decrypted and re-hashed in a run buffer, into
   the slot's own cache buffers (cas/seal.py Opening); on S3 through a proxy 4
   (two more inside the HTTP client, counted in cas/chunks.py). Nothing is decoded or
   joined afterwards.

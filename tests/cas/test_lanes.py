@@ -75,7 +75,7 @@ def test_a_small_chunk_hashes_inline(keyring):
 
 
 def test_read_only_sealed_bytes_open_too(keyring):
-    """Opened in place: a caller's read-only bytes are copied first, and left as they were."""
+    """The sealed bytes are only read: a caller's read-only bytes open as they are."""
     plaintext = os.urandom(SIZE)
     chunk_id, sealed = _sealed(keyring, plaintext)
     frozen = bytes(sealed)
@@ -148,9 +148,14 @@ def test_drained_raises_what_hashing_raised_and_the_lane_goes_on():
             return None
 
     lane = Lane("test-lane")
-    lane.hash(Broken(), memoryview(b"abc"))
+    released: list[str] = []
+    skipped = Counter()
+    lane.hash(Broken(), memoryview(b"abc"), release=lambda: released.append("broken"))
+    lane.hash(skipped, memoryview(b"ab"), release=lambda: released.append("skipped"))
     with pytest.raises(ValueError, match="no"):
         lane.drained()
+    assert skipped.seen == 0  # not hashed after an error, but its buffer released
+    assert released == ["broken", "skipped"]
     counter = Counter()
     lane.hash(counter, memoryview(b"abcd"))
     lane.drained()

@@ -266,9 +266,8 @@ def test_open_into_segments_fills_them_in_order(version):
 @pytest.mark.parametrize("step", [100_003, 3 << 20])
 def test_opening_streamed_in_landings_matches_the_plaintext(step):
     """An Opening fed as a read lands the bytes (odd-sized landings across several runs,
-    each run's plaintext going behind its ciphertext or, for the first RUN bytes, to a
-    buffer of its own): the segments hold the plaintext and the sealed buffer is left
-    writable garbage; a flipped byte in a run opened mid-read fails the tag at finish."""
+    each opened into a run buffer): the segments hold the plaintext and the landed bytes
+    are left as they were; a flipped byte in a run opened mid-read fails the tag."""
     ring = Keyring.generate()
     data = os.urandom(2 * RUN + 12_345)
     cid, sealed = _sealed(ring, data)
@@ -287,6 +286,7 @@ def test_opening_streamed_in_landings_matches_the_plaintext(step):
         if damage is None:
             opening.finish()
             assert b"".join(s.tobytes() for s in segs) == data
+            assert landing == sealed
         else:
             with pytest.raises(ChunkCorrupt, match="tag"):
                 opening.finish()

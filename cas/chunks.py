@@ -9,9 +9,9 @@
   truncated leftover) is replaced.
 - get_into: every chunk fetched into a scratch buffer (cas/buffers.py) and opened —
   tag-verified, decrypted into the caller's destination (into a run buffer in the
-  cache and copied out, for a destination in segments: cas/seal.py Opening) and hashed once
-  against its id. Where the store reports its bytes as they land (the direct S3 GET)
-  and the destination exists, the open follows the read run by run on the reading
+  cache and copied out, for a destination in segments: cas/seal.py Opening) and hashed
+  once against its id. Where the store reports its bytes as they land (the direct S3
+  GET) and the destination exists, the open follows the read run by run on the reading
   thread (cas/trail.py), else it opens the chunk after its read. Up to max_concurrency
   chunks are in flight, each read and opened in worker threads. A chunk that fails
   raises ChunkCorrupt / ChunkMissing and the whole call fails; no worker writes into a
@@ -27,8 +27,8 @@
 Copies per byte on the read path (store to destination): 2 — the kernel's read (of the
 file, or of the socket: cas/s3_get.py) into the scratch buffer, and, into a destination
 in segments, the copy of each run after it is decrypted into a run buffer and hashed
-there (cas/seal.py Opening; into one buffer, the decryption writes the destination itself). On
-S3 the runs are opened while still in the cache: the open trails the read. On S3 through
+there (cas/seal.py Opening; into one buffer, the decryption writes the destination
+itself). On S3 the runs are opened while still in the cache: the open trails the read. On S3 through
 aiobotocore (where a proxy is set for the endpoint), 4: the kernel's socket read into a
 bytes object, aiohttp's HTTP parser copying the body out of it, aiobotocore's `readinto`
 copying that into the scratch buffer (5 where aiohttp first joins several buffered

@@ -320,19 +320,19 @@ class Opening:
         return upto if upto == self._end else self._start + (upto - self._start) // ALIGN * ALIGN
 
     def _open(self, upto: int, lane: Lane | None) -> None:
-        buffers = _run_buffers()
-        free: queue.SimpleQueue[memoryview] = queue.SimpleQueue()  # those the lane is done with
-        for buffer in buffers if lane is not None else ():
+        free: queue.SimpleQueue[memoryview] = queue.SimpleQueue()  # run buffers not in use
+        for buffer in _run_buffers():
             free.put(buffer)
         while self.pos < upto:
             n = min(RUN, upto - self.pos)
-            buffer = free.get() if lane is not None else buffers[0]
+            buffer = free.get()
             run = buffer[:n]
             self._stream.update_into(self._sealed[self.pos : self.pos + n], run)
             if lane is not None:
                 lane.hash(self._hasher, run, release=partial(free.put, buffer))
             else:
                 self._hasher.update(run)
+                free.put(buffer)
             self._scatter(run)
             self.pos += n
 

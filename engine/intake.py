@@ -73,9 +73,11 @@ class Intake:
         self._segments: dict[str, list[memoryview]] = {}
 
     def _allocate(self) -> None:
-        """The shadow's buffers and each part's segments, once (on the thread running MLX)."""
+        """The shadow's buffers (the largest without a zero fill: codec.allocate) and
+        each part's segments, once (on the thread running MLX)."""
         if self._segments or self._shadow is None:
             return
+        self.snapshot = codec.allocate(self.pool, self.snapshot, self._shadow)
         mx.eval(self._shadow.arrays())
         for part in self.snapshot.parts:
             expected = frame.head(part.kind, part.arrays, **part.fields)

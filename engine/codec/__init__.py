@@ -218,5 +218,13 @@ def receive(pool: PoolShape, layout: Mapping[str, Any], shadow: SlotState) -> Sn
     return Snapshot(identity, depth, alignment, layout, tuple(parts))
 
 
+def allocate(pool: PoolShape, snap: Snapshot, shadow: SlotState) -> Snapshot:
+    """A received, gated cut with its largest buffers made (blocks.allocate: without a
+    zero fill where that pays) and its parts over them; evaluating the shadow makes the
+    rest."""
+    made = {p.role: p for p in blocks.allocate(pool, snap, shadow)}
+    return dataclasses.replace(snap, parts=tuple(made.get(p.role, p) for p in snap.parts))
+
+
 def segments(pool: PoolShape, part: Part, shadow: SlotState) -> list[memoryview]:
     return KINDS[part.kind].segments(pool, part, shadow)

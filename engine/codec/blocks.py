@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,6 +25,7 @@ from engine.codec.frame import DTYPES
 from engine.errors import EngineError, PlanesInvalid, ShapeMismatch
 from engine.layout import LayerKV, dtype_name
 from engine.state import Part, PoolShape, SlotState, Snapshot
+from engine.unfilled import MIN_BYTES, unfilled
 
 KIND = "block"
 
@@ -124,18 +126,46 @@ def receive(pool: PoolShape, layout: Mapping[str, Any], shadow: SlotState) -> li
     Part per block whose arrays are views of the rows it will fill."""
     depth, capacity = layout["depth"], layout["capacity"]
     dtype = DTYPES[pool.layout.dtype][0]
-    buffers: list[tuple[mx.array, mx.array]] = []
     for layer, spec in _full(pool):
         cache = shadow.cache[layer]
         if not isinstance(cache, KVCache):
             raise ShapeMismatch(f"layer {layer} cache", "KVCache", type(cache).__name__)
         shape = (1, spec.kv_heads, capacity, spec.head_dim)
-        keys, values = mx.zeros(shape, dtype=dtype), mx.zeros(shape, dtype=dtype)
-        cache.keys, cache.values, cache.offset = keys, values, depth
-        # Each block's rows are slices of one [heads, capacity, dim] view per buffer: a
-        # deep cut has thousands of rows, and one op each halves what they cost to make
-        # and evaluate.
-        buffers.append((keys.reshape(shape[1:]), values.reshape(shape[1:])))
+        cache.keys, cache.values = mx.zeros(shape, dtype=dtype), mx.zeros(shape, dtype=dtype)
+        cache.offset = depth
+    return _rows(pool, layout, shadow)
+
+
+def allocate(pool: PoolShape, snap: Snapshot, shadow: SlotState) -> list[Part]:
+    """For a gated cut, received: its full layers' buffers made without their zero fill
+    where they are large (engine/unfilled.py; rows past the depth still zeros, the rest
+    for the cut's bytes), and its blocks' parts made again as views of them; the parts
+    as they were otherwise."""
+    full, layout = _full(pool), snap.layout
+    shapes = [(1, spec.kv_heads, layout["capacity"], spec.head_dim) for _, spec in full]
+    itemsize = DTYPES[pool.layout.dtype][1].itemsize
+    if 2 * sum(math.prod(s) for s in shapes) * itemsize < MIN_BYTES:
+        return list(_of_blocks(snap))
+    made = iter(unfilled([s for s in shapes for _ in "KV"], pool.layout.dtype,
+                         filled_rows=snap.depth))  # fmt: skip
+    for layer, _ in full:
+        shadow.cache[layer].keys, shadow.cache[layer].values = next(made), next(made)
+    return _rows(pool, layout, shadow)
+
+
+def _of_blocks(snap: Snapshot) -> tuple[Part, ...]:
+    return tuple(p for p in snap.parts if p.kind == KIND)
+
+
+def _rows(pool: PoolShape, layout: Mapping[str, Any], shadow: SlotState) -> list[Part]:
+    """One Part per block whose arrays are views of the rows of the shadow's full-layer
+    buffers it fills. Each block's rows are slices of one [heads, capacity, dim] view per
+    buffer: a deep cut has thousands of rows, and one op each halves what they cost to
+    make and evaluate."""
+    buffers = []
+    for layer, _ in _full(pool):
+        keys, values = shadow.cache[layer].keys, shadow.cache[layer].values
+        buffers.append((keys.reshape(keys.shape[1:]), values.reshape(values.shape[1:])))
     parts = []
     for e in layout["blocks"]:
         lo, hi = e["index"] * pool.alignment, e["index"] * pool.alignment + e["length"]

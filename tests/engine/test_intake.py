@@ -10,6 +10,7 @@ import mlx.core as mx
 import pytest
 
 from cas.buffers import scatter
+from engine.codec import blocks
 from engine.errors import PlanesInvalid, RestoreRefused, ShapeMismatch
 from engine.format import encode
 from engine.state import Planes
@@ -48,6 +49,28 @@ def test_exact_intake_is_bit_identical(decode_first):
     snap = b.restore(intake, prompt=a.tokens)
     assert snap.depth == a.depth and b.tokens == a.tokens
     assert physical(b) == physical(a)
+    assert continue_greedy(b) == continue_greedy(a)
+
+
+def test_an_intake_without_a_zero_fill_is_bit_identical(monkeypatch):
+    """The full layers' buffers made without their zero fill (forced here at any size),
+    over memory that freed caches full of ones left behind: the restored cut is still the
+    cut, the capacity rows past its depth zeros, and so is its continuation."""
+    monkeypatch.setattr(blocks, "MIN_BYTES", 0)
+    pool = tiny_pool(2)
+    a = cold(pool, PROMPT, 0)
+    planes = encode(a.export())
+    assert planes.layout["capacity"] > a.depth  # rows past the depth exist
+    for _ in range(3):
+        ones = [mx.ones(c.keys.shape) for c in a.state.cache for _ in "KV"]
+        mx.eval(ones)
+        del ones
+        b = pool.slot(1)
+        b.reset()
+        intake = b.intake(planes.layout)
+        fill(intake, planes)
+        b.restore(intake, prompt=a.tokens)
+        assert physical(b) == physical(a)
     assert continue_greedy(b) == continue_greedy(a)
 
 

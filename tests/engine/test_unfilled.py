@@ -1,0 +1,57 @@
+"""engine/unfilled.py: MLX arrays made without a zero fill, their rows past the filled
+ones still zeros, over memory that freed arrays left dirty."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from engine.unfilled import unfilled
+
+# Different heads per array, so a tensor's tail rows lie at different offsets.
+SHAPES = [(1, 2, 96, 16), (1, 3, 96, 16), (1, 2, 96, 16)]
+
+
+def dirty(shapes, dtype) -> None:
+    """Leave freed buffers of these sizes full of ones for the allocator to hand out."""
+    ones = [mx.ones(s, dtype=dtype) for s in shapes]
+    mx.eval(ones)
+    del ones
+
+
+@pytest.mark.parametrize("name", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("filled_rows", [0, 40, 96])
+def test_rows_past_the_filled_ones_are_zeros_and_the_rest_writable(name, filled_rows):
+    dtype = getattr(mx, name)
+    for _ in range(3):
+        dirty(SHAPES, dtype)
+        arrays = unfilled(SHAPES, name, filled_rows=filled_rows)
+        assert [tuple(a.shape) for a in arrays] == SHAPES and {a.dtype for a in arrays} == {dtype}
+        for a in arrays:
+            tail = np.array(a[..., filled_rows:, :].astype(mx.float32))
+            assert not tail.any(), "a row past the filled ones is not zero"
+    # The rows before are the caller's: written through the buffer, read back as values.
+    a = arrays[1]
+    flat, row = memoryview(a).cast("B"), 16 * a.itemsize
+    for h in range(3):
+        flat[h * 96 * row : (h * 96 + filled_rows) * row] = b"\x3c" * (filled_rows * row)
+    head = np.array(a[..., :filled_rows, :].astype(mx.float32))
+    assert head.size == 0 or (head != 0).all()
+
+
+def test_the_memory_is_not_filled():
+    """What makes it worth having: the rows before `filled_rows` keep the freed bytes
+    (ones) rather than being zeroed — at least one array of several came from them."""
+    shapes = [(1, 4, 256, 64)] * 4
+    dirty(shapes, mx.float32)
+    arrays = unfilled(shapes, "float32", filled_rows=200)
+    assert any(np.array(a[..., :200, :]).any() for a in arrays)
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="filled_rows"):
+        unfilled(SHAPES, "float32", filled_rows=97)
+    with pytest.raises(ValueError, match="dtype"):
+        unfilled(SHAPES, "int8", filled_rows=0)
+    assert unfilled([], "float32", filled_rows=0) == []

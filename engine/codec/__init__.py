@@ -219,9 +219,9 @@ def receive(pool: PoolShape, layout: Mapping[str, Any], shadow: SlotState) -> Sn
 
 
 def allocate(pool: PoolShape, snap: Snapshot, shadow: SlotState) -> Snapshot:
-    """A received, gated cut with its largest buffers made (blocks.allocate: without a
-    zero fill where that pays) and its parts over them; evaluating the shadow makes the
-    rest."""
+    """A received, gated cut with its largest buffers made again (blocks.allocate:
+    without a zero fill where that pays) and its parts over them; evaluating the shadow
+    makes the rest."""
     made = {p.role: p for p in blocks.allocate(pool, snap, shadow)}
     return dataclasses.replace(snap, parts=tuple(made.get(p.role, p) for p in snap.parts))
 

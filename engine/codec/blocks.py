@@ -124,37 +124,35 @@ def install(pool: PoolShape, snap: Snapshot, parts: Sequence[Part], shadow: Slot
 def receive(pool: PoolShape, layout: Mapping[str, Any], shadow: SlotState) -> list[Part]:
     """The shadow's full layers as fresh (lazy) buffers at the recorded capacity, and one
     Part per block whose arrays are views of the rows it will fill."""
-    depth, capacity = layout["depth"], layout["capacity"]
     dtype = DTYPES[pool.layout.dtype][0]
-    for layer, spec in _full(pool):
+    for (layer, _), shape in zip(_full(pool), _shapes(pool, layout["capacity"]), strict=True):
         cache = shadow.cache[layer]
         if not isinstance(cache, KVCache):
             raise ShapeMismatch(f"layer {layer} cache", "KVCache", type(cache).__name__)
-        shape = (1, spec.kv_heads, capacity, spec.head_dim)
         cache.keys, cache.values = mx.zeros(shape, dtype=dtype), mx.zeros(shape, dtype=dtype)
-        cache.offset = depth
+        cache.offset = layout["depth"]
     return _rows(pool, layout, shadow)
 
 
 def allocate(pool: PoolShape, snap: Snapshot, shadow: SlotState) -> list[Part]:
-    """For a gated cut, received: its full layers' buffers made without their zero fill
-    where they are large (engine/unfilled.py; rows past the depth still zeros, the rest
-    for the cut's bytes), and its blocks' parts made again as views of them; the parts
-    as they were otherwise."""
-    full, layout = _full(pool), snap.layout
-    shapes = [(1, spec.kv_heads, layout["capacity"], spec.head_dim) for _, spec in full]
+    """For a gated cut, received: where its full layers' buffers are large, those made
+    again without their zero fill (engine/unfilled.py; rows past the depth still zeros,
+    the rest for the cut's bytes), and its blocks' parts made again as views of them;
+    none where the zero fill is kept."""
+    shapes = _shapes(pool, snap.layout["capacity"])
     itemsize = DTYPES[pool.layout.dtype][1].itemsize
     if 2 * sum(math.prod(s) for s in shapes) * itemsize < MIN_BYTES:
-        return list(_of_blocks(snap))
+        return []
     made = iter(unfilled([s for s in shapes for _ in "KV"], pool.layout.dtype,
                          filled_rows=snap.depth))  # fmt: skip
-    for layer, _ in full:
+    for layer, _ in _full(pool):
         shadow.cache[layer].keys, shadow.cache[layer].values = next(made), next(made)
-    return _rows(pool, layout, shadow)
+    return _rows(pool, snap.layout, shadow)
 
 
-def _of_blocks(snap: Snapshot) -> tuple[Part, ...]:
-    return tuple(p for p in snap.parts if p.kind == KIND)
+def _shapes(pool: PoolShape, capacity: int) -> list[tuple[int, ...]]:
+    """Each full layer's K (and V) buffer shape at `capacity`, in layer order."""
+    return [(1, spec.kv_heads, capacity, spec.head_dim) for _, spec in _full(pool)]
 
 
 def _rows(pool: PoolShape, layout: Mapping[str, Any], shadow: SlotState) -> list[Part]:

@@ -43,6 +43,9 @@ if TYPE_CHECKING:
     from engine.models import LoadedModel
 
 FinishReason = Literal["stop", "length", "cancelled"]
+# Buffers SlotPool.calibrate times: past the CPU's caches, so the zero fill runs at the
+# memory's rate, as a deep cut's does.
+CALIBRATION_BYTES = 64 << 20
 Cancel = threading.Event | Callable[[], bool] | None
 
 
@@ -350,6 +353,13 @@ class SlotPool:
 
     def fresh_state(self) -> SlotState:
         return SlotState(cache=self.loaded.make_cache(), tokens=[], logits=None)
+
+    def calibrate(self, nbytes: int = CALIBRATION_BYTES) -> int | None:
+        """Measure, on this model's buffers of about `nbytes`, from what size a restore's
+        shadow is cheaper made without a zero fill on this machine (engine/unfilled.py),
+        and make restores follow it; the crossover in bytes (None: no full layers).
+        A warm start's step: it allocates and frees `nbytes` a few times."""
+        return codec.calibrate(self, nbytes)
 
     def check_tokens(self, tokens: Iterable[int]) -> list[int]:
         out = [int(t) for t in tokens]

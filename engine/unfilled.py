@@ -9,10 +9,20 @@ MLX 0.32 has no uninitialized array on the CPU (`mx.empty` is `mx.zeros`, and
 `mx.from_dlpack` will not share CPU memory), but its safetensors loader allocates each
 tensor and asks the file object to fill it. `unfilled` hands it a file that holds only a
 header: each tensor is left as the allocator gave it, except its rows from `filled_rows`
-on, which the file writes as zeros. Measured here for 60 arrays, against `mx.zeros` of
-the same shapes: 3.1–3.5 ms against 53.5–54.0 ms at 7,936 tokens, 2.9–3.1 ms against
-13.2–13.9 ms at 2,048, and 2.7–3.0 ms against 1.0–1.1 ms at 256. The cost is fixed
-(the header, a call per tensor), so below MIN_BYTES the zero fill is cheaper and is kept.
+on, which the file writes as zeros. Measured on an Intel Xeon VM for 60 arrays, against
+`mx.zeros` of the same shapes: 3.1–3.5 ms against 53.5–54.0 ms at 7,936 tokens,
+2.9–3.1 ms against 13.2–13.9 ms at 2,048, and 2.7–3.0 ms against 1.0–1.1 ms at 256. The
+cost is mostly fixed: a call into Python per tensor, made from MLX's loader threads, each
+waiting for the interpreter lock. How much that costs depends on the machine: on an AMD
+EPYC VM the same 60 arrays took 9–11 ms whatever their size, against 7.9 ms for
+`mx.zeros` at 2,048 tokens and 24.5 ms at 8,192 (the process otherwise idle).
+
+- worth it: whether a shadow of so many bytes is cheaper made unfilled (`worth_it`):
+  from MIN_BYTES on until measured, then from the crossover `calibrate` measured.
+- calibrate: `mx.zeros` and `unfilled` timed on given shapes (the best of a few tries
+  each), and the crossover set where the zero fill would cost what `unfilled` does: its
+  cost is fixed, the zero fill's grows with the bytes. The warm start calibrates on the
+  model's own full-layer shapes (kvpack/service/warm.py).
 
 Until the caller has written every row before `filled_rows`, those rows hold whatever
 memory the process freed before (another cut's bytes): nothing may read them. An intake
@@ -28,13 +38,57 @@ import json
 import math
 import struct
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import BinaryIO, cast
 
 import mlx.core as mx
 
-MIN_BYTES = 32 << 20  # below this, mx.zeros costs less (see the module words)
+MIN_BYTES = 32 << 20  # below this, mx.zeros costs less, until calibrated (module words)
 SAFETENSORS = {"float32": ("F32", 4), "float16": ("F16", 2), "bfloat16": ("BF16", 2)}
+
+_crossover = MIN_BYTES  # bytes from which unfilled is cheaper here; calibrate() sets it
+
+
+def worth_it(nbytes: int) -> bool:
+    """Whether `nbytes` of buffers to overwrite are cheaper made unfilled than zero-filled
+    on this machine (the module words)."""
+    return nbytes >= _crossover
+
+
+def calibrate(shapes: Sequence[tuple[int, ...]], dtype: str, *, tries: int = 5) -> int:
+    """Time `mx.zeros` and `unfilled` on `shapes` (in turns, the best of `tries` each),
+    set the bytes from which `worth_it` says unfilled, and return them. Measure on shapes
+    of at least tens of MiB, so that the zero fill's rate is that of memory, not of the
+    cache."""
+    if not shapes or tries < 1:
+        raise ValueError(f"calibrate needs shapes and tries >= 1, got {len(shapes)}, {tries}")
+    if dtype not in SAFETENSORS:
+        raise ValueError(f"no unfilled arrays of dtype {dtype!r}")
+    kind = getattr(mx, dtype)
+    rows = min(s[-2] for s in shapes)
+    zeros_s = unfilled_s = math.inf
+    for _ in range(tries):
+        zeros_s = min(zeros_s, _seconds(lambda: [mx.zeros(s, dtype=kind) for s in shapes]))
+        unfilled_s = min(unfilled_s, _seconds(lambda: unfilled(shapes, dtype, filled_rows=rows)))
+    global _crossover
+    _crossover = crossover(sum(math.prod(s) for s in shapes) * SAFETENSORS[dtype][1],
+                           zeros_s=zeros_s, unfilled_s=unfilled_s)  # fmt: skip
+    return _crossover
+
+
+def crossover(nbytes: int, *, zeros_s: float, unfilled_s: float) -> int:
+    """The bytes whose zero fill costs what `unfilled` does, from one measurement of both
+    on `nbytes` (the zero fill's cost grows with the bytes, unfilled's does not)."""
+    if nbytes <= 0 or zeros_s <= 0 or unfilled_s < 0:
+        raise ValueError(f"no crossover from {nbytes} bytes, {zeros_s} s, {unfilled_s} s")
+    return math.ceil(nbytes * unfilled_s / zeros_s)
+
+
+def _seconds(make: Callable[[], list[mx.array]]) -> float:
+    start = time.perf_counter()
+    mx.eval(make())
+    return time.perf_counter() - start
 
 
 def unfilled(shapes: Sequence[tuple[int, ...]], dtype: str, *, filled_rows: int) -> list[mx.array]:

@@ -228,3 +228,9 @@ def allocate(pool: PoolShape, snap: Snapshot, shadow: SlotState) -> Snapshot:
 
 def segments(pool: PoolShape, part: Part, shadow: SlotState) -> list[memoryview]:
     return KINDS[part.kind].segments(pool, part, shadow)
+
+
+def calibrate(pool: PoolShape, nbytes: int) -> int | None:
+    """Measure from how many bytes allocate makes a cut's largest buffers without a zero
+    fill on this machine (blocks.calibrate); the crossover, or None where nothing is."""
+    return blocks.calibrate(pool, nbytes)

@@ -19,13 +19,12 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
-from engine import streams
+from engine import streams, unfilled
 from engine.codec.checks import entry, expect, integers, listed
 from engine.codec.frame import DTYPES
 from engine.errors import EngineError, PlanesInvalid, ShapeMismatch
 from engine.layout import LayerKV, dtype_name
 from engine.state import Part, PoolShape, SlotState, Snapshot
-from engine.unfilled import MIN_BYTES, unfilled
 
 KIND = "block"
 
@@ -141,13 +140,26 @@ def allocate(pool: PoolShape, snap: Snapshot, shadow: SlotState) -> list[Part]:
     none where the zero fill is kept."""
     shapes = _shapes(pool, snap.layout["capacity"])
     itemsize = DTYPES[pool.layout.dtype][1].itemsize
-    if 2 * sum(math.prod(s) for s in shapes) * itemsize < MIN_BYTES:
+    if not unfilled.worth_it(2 * sum(math.prod(s) for s in shapes) * itemsize):
         return []
-    made = iter(unfilled([s for s in shapes for _ in "KV"], pool.layout.dtype,
+    made = iter(unfilled.unfilled([s for s in shapes for _ in "KV"], pool.layout.dtype,
                          filled_rows=snap.depth))  # fmt: skip
     for layer, _ in _full(pool):
         shadow.cache[layer].keys, shadow.cache[layer].values = next(made), next(made)
     return _rows(pool, snap.layout, shadow)
+
+
+def calibrate(pool: PoolShape, nbytes: int) -> int | None:
+    """Calibrate when allocate makes buffers unfilled (engine/unfilled.py), timed on this
+    pool's full layers' K and V buffers at the capacity holding about `nbytes`; the
+    crossover in bytes, or None for a model without full layers."""
+    full = _full(pool)
+    if not full:
+        return None
+    itemsize = DTYPES[pool.layout.dtype][1].itemsize
+    row = 2 * sum(spec.kv_heads * spec.head_dim for _, spec in full) * itemsize
+    shapes = _shapes(pool, max(1, nbytes // row))
+    return unfilled.calibrate([s for s in shapes for _ in "KV"], pool.layout.dtype)
 
 
 def _shapes(pool: PoolShape, capacity: int) -> list[tuple[int, ...]]:

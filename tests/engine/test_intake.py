@@ -10,7 +10,7 @@ import mlx.core as mx
 import pytest
 
 from cas.buffers import scatter
-from engine.codec import blocks
+from engine import unfilled
 from engine.errors import PlanesInvalid, RestoreRefused, ShapeMismatch
 from engine.format import encode
 from engine.state import Planes
@@ -56,7 +56,8 @@ def test_an_intake_without_a_zero_fill_is_bit_identical(monkeypatch):
     """The full layers' buffers made without their zero fill (forced here at any size),
     over memory that freed caches full of ones left behind: the restored cut is still the
     cut, the capacity rows past its depth zeros, and so is its continuation."""
-    monkeypatch.setattr(blocks, "MIN_BYTES", 0)
+    monkeypatch.setattr(unfilled, "_crossover", 0)
+    made = calls(monkeypatch, unfilled, "unfilled")
     pool = tiny_pool(2)
     a = cold(pool, PROMPT, 0)
     planes = encode(a.export())
@@ -72,6 +73,28 @@ def test_an_intake_without_a_zero_fill_is_bit_identical(monkeypatch):
         b.restore(intake, prompt=a.tokens)
         assert physical(b) == physical(a)
     assert continue_greedy(b) == continue_greedy(a)
+    assert len(made) == 3  # each restore's full layers came from unfilled
+
+
+def test_an_intake_below_the_crossover_keeps_the_zero_fill(monkeypatch):
+    monkeypatch.setattr(unfilled, "_crossover", 1 << 60)
+    made = calls(monkeypatch, unfilled, "unfilled")
+    pool = tiny_pool(2)
+    a = cold(pool, PROMPT, 0)
+    planes = encode(a.export())
+    b = pool.slot(1)
+    intake = b.intake(planes.layout)
+    fill(intake, planes)
+    b.restore(intake, prompt=a.tokens)
+    assert physical(b) == physical(a) and made == []
+
+
+def calls(monkeypatch, module, name) -> list[object]:
+    """Record each call of module.name (still made)."""
+    made: list[object] = []
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **k: made.append(a) or real(*a, **k))
+    return made
 
 
 @pytest.mark.parametrize("logits", [True, False], ids=["with-logits", "logit-less"])

@@ -1,5 +1,6 @@
 """Warm start (kvpack/service/warm.py) on the tiny model: the object store's client, the
-hash lanes and a catalog connection exist afterwards and a hit's stamp has run once, on
+hash lanes and a catalog connection exist afterwards, the shadow's crossover is measured
+and a hit's stamp has run once, on
 the embedded default and on S3 + PostgreSQL; the engine ran a prefill, restore and
 decode, and left nothing behind (no cut, no counter, a fresh slot, the same cold answer
 as a service that never warmed)."""
@@ -12,6 +13,7 @@ import logging
 import pytest
 
 from cas.chunks import DEFAULT_CONCURRENCY
+from engine import unfilled
 from kvpack.config import Settings
 from kvpack.service.service import FRAME_ROOM, CompletionRequest
 from kvpack.service.warm import warm
@@ -21,8 +23,10 @@ PROMPT = list(range(3, 3 + 2 * TINY_A + 5))
 
 
 @pytest.fixture(autouse=True)
-def _unfreeze():
-    """warm() freezes the process's objects; the test process goes on collecting them."""
+def _unfreeze(monkeypatch):
+    """warm() freezes the process's objects, and measures the shadow's crossover: the
+    test process goes on collecting them, with the crossover it had."""
+    monkeypatch.setattr(unfilled, "_crossover", unfilled._crossover)
     yield
     gc.unfreeze()
 
@@ -38,11 +42,12 @@ def test_warm_opens_the_store_and_catalog_and_leaves_no_trace(shared_settings, o
     stamped: list[object] = []
     touch_cut = vault.touch_cut
     vault.touch_cut = lambda manifest_id: stamped.append(manifest_id) or touch_cut(manifest_id)  # type: ignore[method-assign]
+    unfilled._crossover = -1  # not a crossover: warm must measure one
     with caplog.at_level(logging.WARNING, logger="kvpack.service.warm"):
         seconds = warm(service)
-    assert (
-        set(seconds) == {"memory", "store", "catalog", "engine", "objects"} and not caplog.records
-    )
+    phases = {"memory", "shadow", "store", "catalog", "engine", "objects"}
+    assert set(seconds) == phases and not caplog.records
+    assert unfilled._crossover > 0
     assert gc.get_freeze_count() > 0  # startup's objects are out of later full collections
     if hasattr(vault.objects, "breaker"):  # S3: the client exists on the vault's loop
         assert vault.objects._conn is not None and vault.objects._conn.loop is vault.io.loop
@@ -86,7 +91,7 @@ def test_warm_with_the_store_unreachable_logs_and_goes_on(tmp_path, open_service
     service = open_service(settings)
     with caplog.at_level(logging.WARNING, logger="kvpack.service.warm"):
         seconds = warm(service)
-    assert set(seconds) == {"memory", "store", "catalog", "engine", "objects"}
+    assert set(seconds) == {"memory", "shadow", "store", "catalog", "engine", "objects"}
     skipped = [r.getMessage() for r in caplog.records if r.name == "kvpack.service.warm"]
     assert len(skipped) == 1 and skipped[0].startswith("warm start: store skipped")
 

@@ -14,7 +14,7 @@ on, which the file writes as zeros. Measured on an Intel Xeon VM for 60 arrays, 
 2.9–3.1 ms against 13.2–13.9 ms at 2,048, and 2.7–3.0 ms against 1.0–1.1 ms at 256. The
 cost is mostly fixed: a call into Python per tensor, made from MLX's loader threads, each
 waiting for the interpreter lock. How much that costs depends on the machine: on an AMD
-EPYC VM the same 60 arrays took 9–11 ms whatever their size, against 7.9 ms for
+EPYC VM the same 60 arrays took 9–16 ms at every size measured, against 7.9 ms for
 `mx.zeros` at 2,048 tokens and 24.5 ms at 8,192 (the process otherwise idle).
 
 - worth it: whether a shadow of so many bytes is cheaper made unfilled (`worth_it`):

@@ -1,9 +1,8 @@
 """Warm start (kvpack/service/warm.py) on the tiny model: the object store's client, the
 hash lanes and a catalog connection exist afterwards, the shadow's crossover is measured
-and a hit's stamp has run once, on
-the embedded default and on S3 + PostgreSQL; the engine ran a prefill, restore and
-decode, and left nothing behind (no cut, no counter, a fresh slot, the same cold answer
-as a service that never warmed)."""
+and a hit's stamp has run once, on the embedded default and on S3 + PostgreSQL; the
+engine ran a prefill, restore and decode, and left nothing behind (no cut, no counter, a
+fresh slot, the same cold answer as a service that never warmed)."""
 
 from __future__ import annotations
 
@@ -23,7 +22,7 @@ PROMPT = list(range(3, 3 + 2 * TINY_A + 5))
 
 
 @pytest.fixture(autouse=True)
-def _unfreeze(monkeypatch):
+def _as_found(monkeypatch):
     """warm() freezes the process's objects, and measures the shadow's crossover: the
     test process goes on collecting them, with the crossover it had."""
     monkeypatch.setattr(unfilled, "_crossover", unfilled._crossover)

@@ -138,12 +138,10 @@ def allocate(pool: PoolShape, snap: Snapshot, shadow: SlotState) -> list[Part]:
     again without their zero fill (engine/unfilled.py; rows past the depth still zeros,
     the rest for the cut's bytes), and its blocks' parts made again as views of them;
     none where the zero fill is kept."""
-    shapes = _shapes(pool, snap.layout["capacity"])
-    itemsize = DTYPES[pool.layout.dtype][1].itemsize
-    if not unfilled.worth_it(2 * sum(math.prod(s) for s in shapes) * itemsize):
+    buffers = _buffers(pool, snap.layout["capacity"])
+    if not unfilled.worth_it(_nbytes(pool, buffers)):
         return []
-    made = iter(unfilled.unfilled([s for s in shapes for _ in "KV"], pool.layout.dtype,
-                         filled_rows=snap.depth))  # fmt: skip
+    made = iter(unfilled.unfilled(buffers, pool.layout.dtype, filled_rows=snap.depth))
     for layer, _ in _full(pool):
         shadow.cache[layer].keys, shadow.cache[layer].values = next(made), next(made)
     return _rows(pool, snap.layout, shadow)
@@ -153,18 +151,24 @@ def calibrate(pool: PoolShape, nbytes: int) -> int | None:
     """Calibrate when allocate makes buffers unfilled (engine/unfilled.py), timed on this
     pool's full layers' K and V buffers at the capacity holding about `nbytes`; the
     crossover in bytes, or None for a model without full layers."""
-    full = _full(pool)
-    if not full:
+    if not _full(pool):
         return None
-    itemsize = DTYPES[pool.layout.dtype][1].itemsize
-    row = 2 * sum(spec.kv_heads * spec.head_dim for _, spec in full) * itemsize
-    shapes = _shapes(pool, max(1, nbytes // row))
-    return unfilled.calibrate([s for s in shapes for _ in "KV"], pool.layout.dtype)
+    row = _nbytes(pool, _buffers(pool, 1))
+    return unfilled.calibrate(_buffers(pool, max(1, nbytes // row)), pool.layout.dtype)
 
 
 def _shapes(pool: PoolShape, capacity: int) -> list[tuple[int, ...]]:
     """Each full layer's K (and V) buffer shape at `capacity`, in layer order."""
     return [(1, spec.kv_heads, capacity, spec.head_dim) for _, spec in _full(pool)]
+
+
+def _buffers(pool: PoolShape, capacity: int) -> list[tuple[int, ...]]:
+    """Every full layer's K and V buffer shape at `capacity`, in the order they are made."""
+    return [s for s in _shapes(pool, capacity) for _ in "KV"]
+
+
+def _nbytes(pool: PoolShape, shapes: Sequence[tuple[int, ...]]) -> int:
+    return sum(math.prod(s) for s in shapes) * DTYPES[pool.layout.dtype][1].itemsize
 
 
 def _rows(pool: PoolShape, layout: Mapping[str, Any], shadow: SlotState) -> list[Part]:

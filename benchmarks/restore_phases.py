@@ -106,6 +106,7 @@ class Delayed:
     def __init__(self, inner: Any, delay: float) -> None:
         self.inner, self.delay = inner, delay
         self.remote = inner.remote or delay > 0  # a delayed store is across a network
+        self.maps = getattr(inner, "maps", False) and delay == 0  # a mapping has no delay
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

@@ -7,28 +7,32 @@
   under object_key("chunk", id). "Existed" is success once the stored object has a
   plausible sealed size (any key id, any format that still opens); one that does not (a
   truncated leftover) is replaced.
-- get_into: every chunk fetched into a scratch buffer (cas/buffers.py) and opened —
-  tag-verified, decrypted into the caller's destination (into a run buffer in the
-  cache and copied out, for a destination in segments: cas/seal.py Opening) and hashed
-  once against its id. Where the store reports its bytes as they land (the direct S3
-  GET) and the destination exists, the open follows the read run by run on the reading
-  thread (cas/trail.py), else it opens the chunk after its read. Up to max_concurrency
+- get_into: every chunk fetched into a scratch buffer (cas/buffers.py), or, from a
+  store that maps its objects (a local directory, cas/local.py), opened where its file
+  lies, and opened — tag-verified, decrypted into the caller's destination (into a run
+  buffer in the cache and copied out, for a destination in segments: cas/seal.py
+  Opening) and hashed once against its id. Where the store reports its bytes as they
+  land (the direct S3 GET) and the destination exists, the open follows the read run by
+  run on the reading thread (cas/trail.py), else it opens the chunk after its read.
+  Up to max_concurrency
   chunks are in flight, each read and opened in worker threads. A chunk that fails
   raises ChunkCorrupt / ChunkMissing and the whole call fails; no worker writes into a
   destination after the call has returned or raised. get / get_many are get_into over
   buffers they allocate.
 - warm: a first read's setup paid ahead (a server's warm start): max_concurrency scratch
-  buffers of a given size, the worker threads that open chunks, a store connection per
-  chunk in flight, the seal's open path once on each worker, and the hash lanes'
-  threads. Measured (`kvpack bench --depths 256`, demo model, local directory): without
-  it the first restore after a restart took 21 and 17 ms against 11 ms for the next;
-  with it 14 ms and 13 ms.
+  buffers of a given size (none for a store that maps), the worker threads that open
+  chunks, a store connection per chunk in flight, the seal's open path once on each
+  worker, and the hash lanes' threads. Measured (`kvpack bench --depths 256`, demo
+  model, local directory): without it the first restore after a restart took 21 and 17
+  ms against 11 ms for the next; with it 14 ms and 13 ms.
 
-Copies per byte on the read path (store to destination): 2 — the kernel's read (of the
-file, or of the socket: cas/s3_get.py) into the scratch buffer, and, into a destination
-in segments, the copy of each run after it is decrypted into a run buffer and hashed
+Copies per byte on the read path (store to destination): from a local directory 1 —
+the decryption reads the file's pages in the page cache, mapped, and into a destination
+in segments each run is copied out after it is decrypted into a run buffer and hashed
 there (cas/seal.py Opening; into one buffer, the decryption writes the destination
-itself). On S3 the runs are opened while still in the cache: the open trails the read. On S3 through
+itself: 0). From S3 2: the kernel's read of the socket (cas/s3_get.py) into the scratch
+buffer, then the copy out; the runs are opened while still in the cache: the open
+trails the read. On S3 through
 aiobotocore (where a proxy is set for the endpoint), 4: the kernel's socket read into a
 bytes object, aiohttp's HTTP parser copying the body out of it, aiobotocore's `readinto`
 copying that into the scratch buffer (5 where aiohttp first joins several buffered
@@ -39,6 +43,8 @@ The engine's own count continues in engine/state.py.
 Memory: get_into holds up to max_concurrency scratch buffers of the largest sealed chunk
 in flight, and the pool keeps that many between calls: 4 × 11.25 MiB ≈ 45 MiB for the
 demo model's blocks at the default (pass one ScratchPool to share it between stores).
+From a store that maps, none: up to max_concurrency chunks' files are mapped instead,
+pages the page cache holds anyway.
 get_many adds one output buffer, the sum of the ref sizes (a fresh buffer,
 cas/buffers.py). put_many holds max_concurrency sealed copies of its inputs the same way.
 """
@@ -48,7 +54,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TypeVar
@@ -192,21 +198,29 @@ class ChunkStore:
             areas.cancel()  # the caller's destinations, if still being made, are not used
 
     async def _fetch_into(self, ref: ChunkRef, areas: asyncio.Future[list[Area]], i: int) -> None:
+        if getattr(self.objects, "maps", False):
+            return await self._map_into(ref, areas, i)
         with self.scratch.lend(max_sealed_size(ref.size)) as scratch:
             trail = Trail(self._seal, ref.id, scratch, self._digest_key, self.lanes)
             if areas.done():  # a callback would wait a loop turn, maybe past the first runs
                 _arrived_at(areas, i, trail)
             else:
                 areas.add_done_callback(lambda made: _arrived_at(made, i, trail))
-            try:
+            with _as_chunk_errors(ref):
                 n = await self._read(self.key(ref.id), scratch, trail)
-            except ObjectMissing as e:
-                raise ChunkMissing(ref.id) from e
-            except ObjectTooLarge as e:
-                reason = f"object has {e.size} bytes, too many for its size"
-                raise ChunkCorrupt(ref.id, reason) from e
             area = (await asyncio.shield(areas))[i]
             await _finished(trail.finish, n, area)
+
+    async def _map_into(self, ref: ChunkRef, areas: asyncio.Future[list[Area]], i: int) -> None:
+        """The chunk opened where its object lies (a store that maps, cas/local.py)."""
+        with _as_chunk_errors(ref):
+            mapped = await self.objects.map(self.key(ref.id), max_sealed_size(ref.size))  # type: ignore[attr-defined]
+        with mapped:  # unmapped once the open, if it started, has ended
+            area = (await asyncio.shield(areas))[i]
+            await _finished(self._open_into, ref.id, mapped.view, area)
+
+    def _open_into(self, chunk_id: ChunkId, sealed: memoryview, area: Area) -> None:
+        self._seal.open_into(chunk_id, sealed, area, digest_key=self._digest_key, lanes=self.lanes)
 
     async def _read(self, key: str, scratch: memoryview, trail: Trail) -> int:
         """The object read into `scratch`, opened behind the read where the store lets it
@@ -229,16 +243,28 @@ class ChunkStore:
         half = WARM_SAMPLE // 2
 
         async def one() -> None:
-            with self.scratch.lend(max_sealed_size(size)) as scratch:
-                with contextlib.suppress(ObjectMissing):
-                    await self.objects.get_into(probe_key, scratch)
-                area = scratch[:WARM_SAMPLE]
+            async with self._probed(probe_key, size) as area:
                 segments = [area[:half], area[half:]]
                 await _finished(partial(self._seal.open_into, digest_key=self._digest_key),
                                 ref.id, sealed, segments)  # fmt: skip
 
         await self._bounded([one] * self.max_concurrency)
         self.lanes.warm()
+
+    @contextlib.asynccontextmanager
+    async def _probed(self, key: str, size: int) -> AsyncIterator[memoryview]:
+        """`key` (never written) read as a chunk of `size` plaintext bytes would be, the
+        store answering "missing"; then room for warm's sample: in the scratch buffer the
+        read used, or, from a store that maps, which lends none, a buffer of its own."""
+        if getattr(self.objects, "maps", False):
+            with contextlib.suppress(ObjectMissing):
+                (await self.objects.map(key, max_sealed_size(size))).close()  # type: ignore[attr-defined]
+            yield memoryview(bytearray(WARM_SAMPLE))
+            return
+        with self.scratch.lend(max_sealed_size(size)) as scratch:
+            with contextlib.suppress(ObjectMissing):
+                await self.objects.get_into(key, scratch)
+            yield scratch[:WARM_SAMPLE]
 
     async def contains(self, chunk_id: ChunkId) -> bool:
         return await self._stat_or_none(self.key(chunk_id)) is not None
@@ -256,6 +282,17 @@ class ChunkStore:
 
     async def _bounded(self, jobs: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
         return await bounded(jobs, self.max_concurrency)
+
+
+@contextlib.contextmanager
+def _as_chunk_errors(ref: ChunkRef) -> Iterator[None]:
+    """A read's store errors as the chunk's: ChunkMissing, ChunkCorrupt (too large)."""
+    try:
+        yield
+    except ObjectMissing as e:
+        raise ChunkMissing(ref.id) from e
+    except ObjectTooLarge as e:
+        raise ChunkCorrupt(ref.id, f"object has {e.size} bytes, too many for its size") from e
 
 
 def _arrived_at(made: asyncio.Future[list[Area]], i: int, trail: Trail) -> None:

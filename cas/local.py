@@ -4,6 +4,16 @@ A put writes a private temp file, fsyncs it, then hard-links it into place:
 os.link fails with EEXIST when the name exists, so put-if-absent is atomic
 even under concurrent writers (in this or another process), and a reader
 never sees a half-written object. The directory is fsynced after the link.
+
+A chunk reader maps an object instead of reading it (`map`): the open that decrypts it
+reads its bytes where they are, in the page cache, with no copy into a buffer first.
+Measured (one 11.8 MB sealed chunk in the page cache, AMD EPYC VM, one thread, median of
+41): read into a reused buffer, then an AES-256-GCM open, 2.8 ms; mapped (its pages
+mapped up front, MAP_POPULATE), then opened, 1.2-1.5 ms. A file truncated in place
+while mapped would end the process (SIGBUS) once the open reached the lost pages. No
+object is ever rewritten (a put links a new file and a delete unlinks one; a mapping
+keeps its file either way), so only a writer into the store's files behind kvpack's
+back could do that, during the one chunk's open that a mapping lasts.
 """
 
 from __future__ import annotations
@@ -11,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import mmap
 import os
 import uuid
 from collections.abc import Callable
@@ -23,10 +34,35 @@ from cas.errors import ObjectMissing, ObjectTooLarge, StoreUnavailable
 from cas.store import ObjectInfo
 
 TEMP_PREFIX = ".tmp-"
+# Every page mapped in the one call (Linux), not faulted in one by one as the open reads.
+MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+
+
+class Mapped:
+    """An object's bytes, mapped read-only from its file (LocalDirStore.map); `view` is
+    valid until `close`."""
+
+    def __init__(self, area: mmap.mmap | None) -> None:
+        self._area = area
+        self.view = memoryview(area if area is not None else b"")
+
+    def __enter__(self) -> Mapped:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.view.release()
+        if self._area is not None:
+            # A view of it still held (by a traceback's frames): unmapped once that goes.
+            with contextlib.suppress(BufferError):
+                self._area.close()
 
 
 class LocalDirStore:
     remote = False
+    maps = True  # see `map`
 
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root)
@@ -53,6 +89,12 @@ class LocalDirStore:
     async def get_into(self, key: str, out: memoryview) -> int:
         path = self._path(key)
         return await asyncio.to_thread(_guard, "get", key, _read_into, path, key, out)
+
+    async def map(self, key: str, limit: int) -> Mapped:
+        """The object's bytes in place (see the module words), for a reader that only
+        reads them; ObjectMissing, ObjectTooLarge past `limit` bytes."""
+        path = self._path(key)
+        return await asyncio.to_thread(_guard, "get", key, _map, path, key, limit)
 
     async def stat(self, key: str) -> ObjectInfo:
         path = self._path(key)
@@ -137,3 +179,16 @@ def _read_into(path: Path, key: str, out: memoryview) -> int:
         if size > len(out):
             raise ObjectTooLarge(key, size, len(out))
         return read_into(f.readinto, out, size)
+
+
+def _map(path: Path, key: str, limit: int) -> Mapped:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise ObjectTooLarge(key, size, limit)
+        if size == 0:  # mmap refuses an empty file; the reader refuses the empty object
+            return Mapped(None)
+        return Mapped(mmap.mmap(fd, size, flags=MAP_FLAGS, prot=mmap.PROT_READ))
+    finally:
+        os.close(fd)

@@ -45,7 +45,10 @@ class ObjectStore(Protocol):
         (cas/buffers.py):
         called on the reading thread as the bytes arrive, so a reader can open them while
         they are in the cache (cas/trail.py). It may be called again from 0 when a failed
-        attempt is retried; an exception it raises ends the read."""
+        attempt is retried; an exception it raises ends the read. A backend whose `maps`
+        attribute is True (LocalDirStore) also offers `map(key, limit)`: the object's
+        bytes where they lie, read-only and without a copy, for a reader that closes
+        them once done (cas/local.py)."""
         ...
 
     async def stat(self, key: str) -> ObjectInfo:

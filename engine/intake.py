@@ -25,10 +25,11 @@ Flow: `intake = slot.intake(layout)` on the thread that runs MLX (it gates the l
 `intake.destinations(parts)` on that thread too (it allocates); a reader fills them from
 any thread (cas ChunkStore.get_into with segments); then `slot.restore(intake,
 prompt=...)` checks every head and swaps the shadow in, once. Nothing is decoded,
-joined or copied after the open: copies per byte from the store to the slot are 2 (the
-kernel's read of the file or the socket into cas's scratch buffer, the copy of the
-bytes, decrypted into a run buffer and hashed there, into the slot's cache; 4 on S3
-through a proxy: cas/chunks.py counts them).
+joined or copied after the open: copies per byte from the store to the slot are 1 from
+a local directory (the copy of the bytes, decrypted from the file's mapped pages into a
+run buffer and hashed there, into the slot's cache), 2 from S3 (first the kernel's read
+of the socket into cas's scratch buffer), 4 on S3 through a proxy (cas/chunks.py counts
+them).
 """
 
 from __future__ import annotations

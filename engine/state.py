@@ -45,18 +45,18 @@ compare by value.
 
 Copies per byte from the object store to the slot, on the durable read path:
 - into an intake (engine/intake.py: Slot.intake, cas ChunkStore.get_into with its
-  segments, Slot.restore): 2 — the kernel's read of the file or the socket into cas's
-  scratch buffer, and the copy of each run, decrypted and re-hashed in a run buffer, into
-  the slot's own cache buffers (cas/seal.py Opening); on S3 through a proxy 4
-  (two more inside the HTTP client, counted in cas/chunks.py). Nothing is decoded or
-  joined afterwards.
+  segments, Slot.restore): 1 from a local directory — the copy of each run, decrypted
+  (from the file's mapped pages in the page cache) and re-hashed in a run buffer, into
+  the slot's own cache buffers (cas/seal.py Opening); 2 from S3 (first the kernel's read
+  of the socket into cas's scratch buffer); on S3 through a proxy 4 (two more inside the
+  HTTP client, counted in cas/chunks.py). Nothing is decoded or joined afterwards.
 - through part buffers (ChunkStore.get_into into part_buffer()s, verified Planes,
   Slot.restore): as above into the part buffers, then 0 to decode (views), and 1 more for
   a block's bytes when install joins the blocks into the KV cache at its capacity (mlx-lm's
   KVCache is one buffer per layer); ring and logits bytes none (the cache holds views of
   the part buffer), and 1 more for an array not naturally aligned in its frame (the frame
   header's length decides; MLX views must be aligned to their dtype). Local: block bytes
-  3, ring and logits bytes 2; S3 through a proxy two more each.
+  2, ring and logits bytes 1; S3 one more each, through a proxy three more.
 The durable tier restores through an intake (kvpack/tiers/durable.py's CutReader).
 
 Copies per byte in the resident tier (kvpack/tiers/resident.py), which holds Snapshots:

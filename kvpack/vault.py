@@ -251,13 +251,13 @@ class Vault:
 
     def read_cut(self, cut: Cut, scope: Scope) -> Reading:
         """The cut's manifest opened and verified as open_cut does, and its chunks on
-        their way into scratch buffers. From a remote store they are fetched as the
-        catalog lists them (the list find read with the cut, else one catalog call)
-        while the manifest is still arriving, so the reader pays one round trip, not the
-        manifest's and then the chunks' (a manifest whose parts are not that list is
-        ManifestInvalid: the row and the object disagree); from a local one, once the
-        manifest named them, since early reads there only compete with the manifest's
-        open. Hand the destinations to `Reading.into`, or `cancel` it."""
+        their way (into scratch buffers, or mapped: cas ChunkStore). From a remote store
+        they are fetched as the catalog lists them (the list find read with the cut, else
+        one catalog call) while the manifest is still arriving, so the reader pays one
+        round trip, not the manifest's and then the chunks' (a manifest whose parts are
+        not that list is ManifestInvalid: the row and the object disagree); from a local
+        one, once the manifest named them, since early reads there only compete with the
+        manifest's open. Hand the destinations to `Reading.into`, or `cancel` it."""
         chunks = self.chunks(scope.namespace)
         deadline = time.monotonic() + self.timeout_s
         opening = self.io.start(open_cut(chunks, self.keyring, cut, scope.identity))

@@ -1,7 +1,9 @@
 """Fault-injecting wrappers around a real ObjectStore (restic style).
 
 Each wrapper delegates to the real backend and breaks exactly one thing on the
-read path; tests name the branch they expect the fault to reach.
+read path; tests name the branch they expect the fault to reach. A wrapper reads
+through get_into (it does not map) unless it is a Tampering one: those map where the
+real store maps (cas/local.py), and break the mapped bytes the same way.
 """
 
 from __future__ import annotations
@@ -37,7 +39,38 @@ class Wrapper:
         await self.inner.aclose()
 
 
-class FlipByte(Wrapper):
+class Held:
+    """Bytes in the place of a mapping (what a Tampering wrapper's map returns)."""
+
+    def __init__(self, data: bytes | bytearray) -> None:
+        self.view = memoryview(data)
+
+    def __enter__(self) -> Held:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.view.release()
+
+
+class Tampering(Wrapper):
+    """Maps where the real store maps; `_tamper` breaks the mapped bytes."""
+
+    @property
+    def maps(self) -> bool:
+        return getattr(self.inner, "maps", False)
+
+    async def map(self, key: str, limit: int) -> Held:
+        with await self.inner.map(key, limit) as mapped:
+            return Held(self._tamper(key, bytearray(mapped.view)))
+
+    def _tamper(self, key: str, data: bytearray) -> bytearray:
+        raise NotImplementedError
+
+
+class FlipByte(Tampering):
     """Reads come back with one bit flipped at `at` (negative counts from the end)."""
 
     def __init__(self, inner: ObjectStore, at: int = -1, *, only: str | None = None) -> None:
@@ -59,8 +92,13 @@ class FlipByte(Wrapper):
             out[self.at % n] ^= 0x01
         return n
 
+    def _tamper(self, key: str, data: bytearray) -> bytearray:
+        if self._hit(key):
+            data[self.at % len(data)] ^= 0x01
+        return data
 
-class Truncate(Wrapper):
+
+class Truncate(Tampering):
     """Reads lose their last `drop` bytes."""
 
     def __init__(self, inner: ObjectStore, drop: int = 1) -> None:
@@ -73,8 +111,11 @@ class Truncate(Wrapper):
     async def get_into(self, key: str, out: memoryview) -> int:
         return max(0, await self.inner.get_into(key, out) - self.drop)
 
+    def _tamper(self, key: str, data: bytearray) -> bytearray:
+        return data[: max(0, len(data) - self.drop)]
 
-class Missing(Wrapper):
+
+class Missing(Tampering):
     """Every read says the object is gone."""
 
     async def get(self, key: str) -> bytes:
@@ -84,4 +125,7 @@ class Missing(Wrapper):
         raise ObjectMissing(key)
 
     async def stat(self, key: str) -> ObjectInfo:
+        raise ObjectMissing(key)
+
+    async def map(self, key: str, limit: int) -> Held:
         raise ObjectMissing(key)

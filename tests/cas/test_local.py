@@ -4,12 +4,15 @@ OS errors translated once."""
 from __future__ import annotations
 
 import asyncio
+import os
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
-from cas.errors import StoreUnavailable
-from cas.local import TEMP_PREFIX, LocalDirStore
+from cas.chunks import ChunkStore
+from cas.errors import ChunkCorrupt, ChunkMissing, StoreUnavailable
+from cas.keys import Keyring
+from cas.local import TEMP_PREFIX, LocalDirStore, Mapped
 
 
 def _put_from_process(root: str, body: bytes) -> bool:
@@ -46,3 +49,87 @@ def test_os_errors_become_store_unavailable(tmp_path):
     with pytest.raises(StoreUnavailable) as e:
         asyncio.run(store.put_if_absent("k/1", b"x"))
     assert (e.value.op, e.value.key) == ("put", "k/1")
+
+
+def test_chunks_open_where_their_files_lie(tmp_path, keyring, aio, monkeypatch):
+    """A local store's chunks are opened from their mapped files, one on a hash lane: no
+    scratch buffer is lent, the bytes come back intact, every mapping is unmapped once
+    the call has returned, and a flipped bit in a file is refused."""
+    store = ChunkStore(LocalDirStore(tmp_path), keyring, namespace="test")
+    blobs = [os.urandom(3 << 20), os.urandom(5000)]
+    refs = aio.run(store.put_many(blobs))
+    lent, mappings = [], []
+    monkeypatch.setattr(store.scratch, "lend", lambda size: lent.append(size))
+    real = Mapped.__init__
+    monkeypatch.setattr(Mapped, "__init__", lambda m, area: (mappings.append(m), real(m, area))[1])
+    assert aio.run(store.get_many(refs)).tobytes() == b"".join(blobs)
+    assert lent == [] and len(mappings) == 2
+    assert all(m._area is not None and m._area.closed for m in mappings)
+    path = tmp_path / store.key(refs[0].id)
+    path.write_bytes(flipped(path.read_bytes(), 100))
+    with pytest.raises(ChunkCorrupt, match="tag"):
+        aio.run(store.get_many(refs))
+
+
+def flipped(data: bytes, at: int) -> bytes:
+    return data[:at] + bytes([data[at] ^ 1]) + data[at + 1 :]
+
+
+@pytest.mark.parametrize(
+    ("damage", "error", "reason"),
+    [
+        ("flip", ChunkCorrupt, "tag"),
+        ("truncate", ChunkCorrupt, "plaintext bytes"),
+        ("empty", ChunkCorrupt, "magic"),
+        ("pad", ChunkCorrupt, "too many"),
+        ("relabel", ChunkCorrupt, "tag"),
+        ("foreign", ChunkCorrupt, "tag"),
+        ("gone", ChunkMissing, "missing"),
+    ],
+)
+def test_a_chunk_damaged_on_disk_is_refused_from_its_mapping(tmp_path, keyring, aio, damage,
+                                                             error, reason):  # fmt: skip
+    """Each way a chunk's file can be damaged in place — a flipped bit, truncation, an
+    empty file, bytes appended, another chunk's file under its name, the same plaintext
+    sealed by another vault, the file gone — is refused from the mapped file, naming the
+    chunk."""
+    store = ChunkStore(LocalDirStore(tmp_path / "ours"), keyring, namespace="test")
+    plain = os.urandom(2 << 20)
+    ref, other = aio.run(store.put_many([plain, os.urandom(2 << 20)]))
+    path = tmp_path / "ours" / store.key(ref.id)
+    data = path.read_bytes()
+    theirs = ChunkStore(LocalDirStore(tmp_path / "theirs"), Keyring.generate(), namespace="test")
+    foreign = aio.run(theirs.put(plain))
+    damaged = {
+        "flip": lambda: flipped(data, len(data) // 2),
+        "truncate": lambda: data[:-1],
+        "empty": lambda: b"",
+        "pad": lambda: data + bytes(4096),
+        "relabel": lambda: (tmp_path / "ours" / store.key(other.id)).read_bytes(),
+        "foreign": lambda: (tmp_path / "theirs" / theirs.key(foreign.id)).read_bytes(),
+    }
+    if damage == "gone":
+        path.unlink()
+    else:
+        path.write_bytes(damaged[damage]())
+    with pytest.raises(error, match=reason) as caught:
+        aio.run(store.get(ref))
+    assert caught.value.chunk_id == ref.id
+
+
+def test_warm_keeps_no_scratch_buffer_for_a_store_that_maps(tmp_path, keyring, aio, monkeypatch):
+    """warm on a local store maps the probe key once per chunk in flight and keeps no
+    scratch buffer (its reads lend none); it writes nothing."""
+    objects = LocalDirStore(tmp_path)
+    probed: list[str] = []
+    real = objects.map
+
+    async def recording(key, limit):
+        probed.append(key)
+        return await real(key, limit)
+
+    monkeypatch.setattr(objects, "map", recording)
+    store = ChunkStore(objects, keyring, namespace="test", max_concurrency=3)
+    aio.run(store.warm(50_000, probe_key="ready/probe"))
+    assert probed == ["ready/probe"] * 3 and store.scratch.held_bytes == 0
+    assert aio.run(objects.list_keys("")) == []

@@ -54,7 +54,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+import threading
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from typing import TypeVar
@@ -83,6 +86,7 @@ DEFAULT_LANES = 2
 Blob = bytes | bytearray | memoryview
 Destination = Blob | Sequence[Blob]  # one writable buffer, or segments filled in order
 WARM_SAMPLE = 4096  # bytes of the chunk warm() seals and opens in memory, in two segments
+WARM_TIMEOUT_S = 10.0  # for warm()'s opener threads to all start
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +116,8 @@ class ChunkStore:
         self.max_concurrency = max_concurrency
         self.scratch = scratch if scratch is not None else ScratchPool(keep=max_concurrency)
         self.lanes = lanes if lanes is not None else Lanes(size=DEFAULT_LANES)
+        # Where a store that maps has its chunks opened (open_mapped); threads start on use.
+        self.openers = ThreadPoolExecutor(max_concurrency, thread_name_prefix="kvpack-open")
         self._seal = ChunkSeal(keyring)
         self._digest_key = keyring.digest_key(namespace)
 
@@ -198,8 +204,9 @@ class ChunkStore:
             areas.cancel()  # the caller's destinations, if still being made, are not used
 
     async def _fetch_into(self, ref: ChunkRef, areas: asyncio.Future[list[Area]], i: int) -> None:
-        if getattr(self.objects, "maps", False):
-            return await self._map_into(ref, areas, i)
+        if self.maps:  # mapped and opened in one worker job, once the destination exists
+            area = (await asyncio.shield(areas))[i]
+            return await _finished(self._open_mapped, ref, area)
         with self.scratch.lend(max_sealed_size(ref.size)) as scratch:
             trail = Trail(self._seal, ref.id, scratch, self._digest_key, self.lanes)
             if areas.done():  # a callback would wait a loop turn, maybe past the first runs
@@ -211,16 +218,47 @@ class ChunkStore:
             area = (await asyncio.shield(areas))[i]
             await _finished(trail.finish, n, area)
 
-    async def _map_into(self, ref: ChunkRef, areas: asyncio.Future[list[Area]], i: int) -> None:
-        """The chunk opened where its object lies (a store that maps, cas/local.py)."""
-        with _as_chunk_errors(ref):
-            mapped = await self.objects.map(self.key(ref.id), max_sealed_size(ref.size))  # type: ignore[attr-defined]
-        with mapped:  # unmapped once the open, if it started, has ended
-            area = (await asyncio.shield(areas))[i]
-            await _finished(self._open_into, ref.id, mapped.view, area)
+    @property
+    def maps(self) -> bool:
+        """Whether the store maps its objects (cas/local.py): its chunks are opened where
+        they lie, and `open_mapped` opens them from the caller's thread."""
+        return bool(getattr(self.objects, "maps", False))
 
-    def _open_into(self, chunk_id: ChunkId, sealed: memoryview, area: Area) -> None:
-        self._seal.open_into(chunk_id, sealed, area, digest_key=self._digest_key, lanes=self.lanes)
+    def open_mapped(
+        self,
+        refs: Sequence[ChunkRef],
+        outs: Sequence[Destination],
+        meanwhile: Callable[[], object] | None = None,
+    ) -> None:
+        """get_into from a store that maps, called from the caller's thread (not the event
+        loop's): each chunk mapped and opened into its destination on this store's opener
+        threads, at most max_concurrency at once, handed to them straight from here — no
+        trip through the loop between the caller's allocation and the opens. `meanwhile()`
+        runs on the calling thread as they go. Returns once every open has ended; raises
+        the first failure (get_into's errors), the opens not started by then dropped."""
+        areas = _areas(refs, outs)
+        jobs = [self.openers.submit(self._open_mapped, ref, area)
+                for ref, area in zip(refs, areas, strict=True)]  # fmt: skip
+        try:
+            if meanwhile is not None:
+                meanwhile()
+        finally:
+            _, pending = futures.wait(jobs, return_when=futures.FIRST_EXCEPTION)
+            for job in pending:
+                job.cancel()
+            futures.wait(jobs)  # no opener writes into a destination after this
+        for job in jobs:
+            error = None if job.cancelled() else job.exception()
+            if error is not None:
+                raise error
+
+    def _open_mapped(self, ref: ChunkRef, area: Area) -> None:
+        with _as_chunk_errors(ref):
+            mapped = self.objects.map(self.key(ref.id), max_sealed_size(ref.size))  # type: ignore[attr-defined]
+        with mapped:  # a view a failed open's traceback holds keeps it mapped until it goes
+            self._seal.open_into(
+                ref.id, mapped.view, area, digest_key=self._digest_key, lanes=self.lanes
+            )
 
     async def _read(self, key: str, scratch: memoryview, trail: Trail) -> int:
         """The object read into `scratch`, opened behind the read where the store lets it
@@ -240,31 +278,35 @@ class ChunkStore:
         sample = os.urandom(WARM_SAMPLE)
         ref = ChunkRef(self.chunk_id(sample), len(sample))
         sealed = bytes(self._seal.seal(ref.id, sample))  # read-only: each open copies it
-        half = WARM_SAMPLE // 2
+        open_sample = partial(self._seal.open_into, ref.id, sealed, digest_key=self._digest_key)
+        if self.maps:
+            await self._warm_openers(probe_key, size, open_sample)
+        else:
 
-        async def one() -> None:
-            async with self._probed(probe_key, size) as area:
-                segments = [area[:half], area[half:]]
-                await _finished(partial(self._seal.open_into, digest_key=self._digest_key),
-                                ref.id, sealed, segments)  # fmt: skip
+            async def one() -> None:
+                with self.scratch.lend(max_sealed_size(size)) as scratch:
+                    with contextlib.suppress(ObjectMissing):
+                        await self.objects.get_into(probe_key, scratch)
+                    await _finished(open_sample, _halves(scratch[:WARM_SAMPLE]))
 
-        await self._bounded([one] * self.max_concurrency)
+            await self._bounded([one] * self.max_concurrency)
         self.lanes.warm()
 
-    @contextlib.asynccontextmanager
-    async def _probed(self, key: str, size: int) -> AsyncIterator[memoryview]:
-        """`key` (never written) read as a chunk of `size` plaintext bytes would be, the
-        store answering "missing"; then room for warm's sample: in the scratch buffer the
-        read used, or, from a store that maps, which lends none, a buffer of its own."""
-        if getattr(self.objects, "maps", False):
+    async def _warm_openers(
+        self, probe_key: str, size: int, open_sample: Callable[[list[memoryview]], None]
+    ) -> None:
+        """Start every opener thread (each job waits for the others, so that each runs on
+        a thread of its own) and run a map and an open on each."""
+        n = self.max_concurrency
+        gathered = threading.Barrier(n)
+
+        def one() -> None:
+            gathered.wait(WARM_TIMEOUT_S)
             with contextlib.suppress(ObjectMissing):
-                (await self.objects.map(key, max_sealed_size(size))).close()  # type: ignore[attr-defined]
-            yield memoryview(bytearray(WARM_SAMPLE))
-            return
-        with self.scratch.lend(max_sealed_size(size)) as scratch:
-            with contextlib.suppress(ObjectMissing):
-                await self.objects.get_into(key, scratch)
-            yield scratch[:WARM_SAMPLE]
+                self.objects.map(probe_key, max_sealed_size(size)).close()  # type: ignore[attr-defined]
+            open_sample(_halves(memoryview(bytearray(WARM_SAMPLE))))
+
+        await asyncio.gather(*(asyncio.wrap_future(self.openers.submit(one)) for _ in range(n)))
 
     async def contains(self, chunk_id: ChunkId) -> bool:
         return await self._stat_or_none(self.key(chunk_id)) is not None
@@ -293,6 +335,11 @@ def _as_chunk_errors(ref: ChunkRef) -> Iterator[None]:
         raise ChunkMissing(ref.id) from e
     except ObjectTooLarge as e:
         raise ChunkCorrupt(ref.id, f"object has {e.size} bytes, too many for its size") from e
+
+
+def _halves(area: memoryview) -> list[memoryview]:
+    half = area.nbytes // 2
+    return [area[:half], area[half:]]
 
 
 def _arrived_at(made: asyncio.Future[list[Area]], i: int, trail: Trail) -> None:

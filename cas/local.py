@@ -39,12 +39,13 @@ MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 
 class Mapped:
-    """An object's bytes, mapped read-only from its file (LocalDirStore.map); `view` is
-    valid until `close`."""
+    """An object's bytes, mapped read-only from its file (LocalDirStore.map), or held in
+    memory (an empty file, which cannot be mapped; a test's stand-in); `view` is valid
+    until `close`."""
 
-    def __init__(self, area: mmap.mmap | None) -> None:
+    def __init__(self, area: mmap.mmap | bytes | bytearray) -> None:
         self._area = area
-        self.view = memoryview(area if area is not None else b"")
+        self.view = memoryview(area)
 
     def __enter__(self) -> Mapped:
         return self
@@ -54,7 +55,7 @@ class Mapped:
 
     def close(self) -> None:
         self.view.release()
-        if self._area is not None:
+        if isinstance(self._area, mmap.mmap):
             # A view of it still held (by a traceback's frames): unmapped once that goes.
             with contextlib.suppress(BufferError):
                 self._area.close()
@@ -90,11 +91,11 @@ class LocalDirStore:
         path = self._path(key)
         return await asyncio.to_thread(_guard, "get", key, _read_into, path, key, out)
 
-    async def map(self, key: str, limit: int) -> Mapped:
+    def map(self, key: str, limit: int) -> Mapped:
         """The object's bytes in place (see the module words), for a reader that only
-        reads them; ObjectMissing, ObjectTooLarge past `limit` bytes."""
-        path = self._path(key)
-        return await asyncio.to_thread(_guard, "get", key, _map, path, key, limit)
+        reads them; ObjectMissing, ObjectTooLarge past `limit` bytes. It blocks (the
+        pages are mapped, from the disk if need be): call it on a worker thread."""
+        return _guard("get", key, _map, self._path(key), key, limit)
 
     async def stat(self, key: str) -> ObjectInfo:
         path = self._path(key)
@@ -188,7 +189,7 @@ def _map(path: Path, key: str, limit: int) -> Mapped:
         if size > limit:
             raise ObjectTooLarge(key, size, limit)
         if size == 0:  # mmap refuses an empty file; the reader refuses the empty object
-            return Mapped(None)
+            return Mapped(b"")
         return Mapped(mmap.mmap(fd, size, flags=MAP_FLAGS, prot=mmap.PROT_READ))
     finally:
         os.close(fd)

@@ -48,7 +48,7 @@ from engine.state import Snapshot
 from kvpack.accounting.counters import Accounting
 from kvpack.background import Background
 from kvpack.tiers.base import OUTAGES, Ask, Candidate, Loaded, TierName
-from kvpack.vault import Reading, Vault
+from kvpack.vault import ChunkReading, Vault
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class CutReader:
     """A durable cut whose manifest is verified and whose chunks are on their way, read
     into an intake on demand (a Source)."""
 
-    def __init__(self, reading: Reading) -> None:
+    def __init__(self, reading: ChunkReading) -> None:
         self.reading, self.manifest = reading, reading.manifest
         self._intake: Intake | None = None
 

@@ -9,6 +9,7 @@ real store maps (cas/local.py), and break the mapped bytes the same way.
 from __future__ import annotations
 
 from cas.errors import ObjectMissing
+from cas.local import Mapped
 from cas.store import ObjectInfo, ObjectStore
 
 
@@ -39,22 +40,6 @@ class Wrapper:
         await self.inner.aclose()
 
 
-class Held:
-    """Bytes in the place of a mapping (what a Tampering wrapper's map returns)."""
-
-    def __init__(self, data: bytes | bytearray) -> None:
-        self.view = memoryview(data)
-
-    def __enter__(self) -> Held:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self.view.release()
-
-
 class Tampering(Wrapper):
     """Maps where the real store maps; `_tamper` breaks the mapped bytes."""
 
@@ -62,9 +47,9 @@ class Tampering(Wrapper):
     def maps(self) -> bool:
         return getattr(self.inner, "maps", False)
 
-    async def map(self, key: str, limit: int) -> Held:
-        with await self.inner.map(key, limit) as mapped:
-            return Held(self._tamper(key, bytearray(mapped.view)))
+    def map(self, key: str, limit: int) -> Mapped:
+        with self.inner.map(key, limit) as mapped:
+            return Mapped(self._tamper(key, bytearray(mapped.view)))
 
     def _tamper(self, key: str, data: bytearray) -> bytearray:
         raise NotImplementedError
@@ -127,5 +112,5 @@ class Missing(Tampering):
     async def stat(self, key: str) -> ObjectInfo:
         raise ObjectMissing(key)
 
-    async def map(self, key: str, limit: int) -> Held:
+    def map(self, key: str, limit: int) -> Mapped:
         raise ObjectMissing(key)

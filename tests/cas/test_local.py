@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
@@ -64,7 +65,7 @@ def test_chunks_open_where_their_files_lie(tmp_path, keyring, aio, monkeypatch):
     monkeypatch.setattr(Mapped, "__init__", lambda m, area: (mappings.append(m), real(m, area))[1])
     assert aio.run(store.get_many(refs)).tobytes() == b"".join(blobs)
     assert lent == [] and len(mappings) == 2
-    assert all(m._area is not None and m._area.closed for m in mappings)
+    assert all(m._area.closed for m in mappings)
     path = tmp_path / store.key(refs[0].id)
     path.write_bytes(flipped(path.read_bytes(), 100))
     with pytest.raises(ChunkCorrupt, match="tag"):
@@ -124,12 +125,63 @@ def test_warm_keeps_no_scratch_buffer_for_a_store_that_maps(tmp_path, keyring, a
     probed: list[str] = []
     real = objects.map
 
-    async def recording(key, limit):
+    def recording(key, limit):
         probed.append(key)
-        return await real(key, limit)
+        return real(key, limit)
 
     monkeypatch.setattr(objects, "map", recording)
     store = ChunkStore(objects, keyring, namespace="test", max_concurrency=3)
     aio.run(store.warm(50_000, probe_key="ready/probe"))
     assert probed == ["ready/probe"] * 3 and store.scratch.held_bytes == 0
     assert aio.run(objects.list_keys("")) == []
+
+
+def test_open_mapped_fills_destinations_from_the_callers_thread(tmp_path, keyring, aio):
+    """open_mapped opens every chunk into its segments on the opener threads while
+    `meanwhile` runs on the calling thread, and returns with every byte in place."""
+    store = ChunkStore(LocalDirStore(tmp_path), keyring, namespace="test")
+    blobs = [os.urandom(2 << 20), os.urandom(3000), os.urandom(70_000)]
+    refs = aio.run(store.put_many(blobs))
+    outs = [bytearray(len(b)) for b in blobs]
+    segments = [[memoryview(o)[:100], memoryview(o)[100:]] for o in outs]
+    ran_on: list[str] = []
+    store.open_mapped(refs, segments, lambda: ran_on.append(threading.current_thread().name))
+    assert outs == [bytearray(b) for b in blobs]
+    assert ran_on == [threading.current_thread().name]
+
+
+def test_open_mapped_raises_only_once_every_open_has_ended(tmp_path, keyring, aio):
+    """Chunk A is being opened (its opener blocked) when chunk B's file turns out gone:
+    open_mapped raises ChunkMissing only after A's opener has finished writing."""
+    store = ChunkStore(LocalDirStore(tmp_path), keyring, namespace="test")
+    ref_a, ref_b = aio.run(store.put_many([os.urandom(5000), os.urandom(5000)]))
+    (tmp_path / store.key(ref_b.id)).unlink()
+    a_opening, release = threading.Event(), threading.Event()
+    events: list[str] = []
+    real_open = store._seal.open_into
+
+    def slow_open(chunk_id, sealed, out, **kw):
+        if chunk_id == ref_a.id:
+            a_opening.set()
+            release.wait(10)
+        real_open(chunk_id, sealed, out, **kw)
+        if chunk_id == ref_a.id:
+            events.append("A written")
+
+    store._seal.open_into = slow_open
+    outs = [memoryview(bytearray(r.size)) for r in (ref_a, ref_b)]
+
+    def call() -> None:
+        try:
+            store.open_mapped([ref_a, ref_b], outs)
+        except ChunkMissing:
+            events.append("raised")
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    assert a_opening.wait(10)
+    caller.join(0.2)
+    events.append("still running" if caller.is_alive() else "returned early")
+    release.set()
+    caller.join(10)
+    assert events == ["still running", "A written", "raised"]

@@ -64,7 +64,7 @@ from catalog.gc import GcReport, collect
 from catalog.ids import IdentityDigest, ManifestId
 from catalog.ledger import PairedTiming
 from catalog.manifest import Manifest, SealedManifest
-from catalog.publish import ChunkTally, LoadedCut, load_cut, open_cut, publish
+from catalog.publish import ChunkTally, LoadedCut, load_cut, open_cut, open_mapped_cut, publish
 from catalog.queries import Cut
 from catalog.scope import Scope
 from catalog.signing import MANIFEST_DOMAIN, Bundle, ProducerKeys
@@ -257,9 +257,16 @@ class Vault:
         round trip, not the manifest's and then the chunks' (a manifest whose parts are
         not that list is ManifestInvalid: the row and the object disagree); from a local
         one, once the manifest named them, since early reads there only compete with the
-        manifest's open; from one that maps them, not before the destinations exist
-        (MappedReading). Hand the destinations to `into`, or `cancel` it."""
+        manifest's open. From one that maps its objects (MappedReading), the manifest is
+        opened on this thread and the chunks once the destinations exist: a local file
+        needs no trip through the event loop. Hand the destinations to `into`, or
+        `cancel` it."""
         chunks = self.chunks(scope.namespace)
+        if chunks.maps:
+            sealed = open_mapped_cut(chunks, self.keyring, cut, scope.identity)
+            mapped = MappedReading(chunks, list(sealed.manifest.chunk_refs))
+            mapped.manifest = sealed.manifest
+            return mapped
         deadline = time.monotonic() + self.timeout_s
         opening = self.io.start(open_cut(chunks, self.keyring, cut, scope.identity))
         early: Reading | None = None
@@ -277,13 +284,7 @@ class Vault:
             if early is not None:
                 early.cancel()
             raise
-        reading: ChunkReading
-        if early is not None:
-            reading = early
-        elif chunks.maps:
-            reading = MappedReading(chunks, list(refs))
-        else:
-            reading = Reading.start(self.io, chunks, refs, deadline)
+        reading = early or Reading.start(self.io, chunks, refs, deadline)
         reading.manifest = sealed.manifest
         return reading
 

@@ -16,7 +16,7 @@ from catalog.condemn import condemn
 from catalog.errors import ManifestInvalid, ManifestMissing, StaleGeneration
 from catalog.manifest import Manifest, open_manifest, seal_manifest
 from catalog.models import ChunkRow, ManifestChunkRow, ManifestRow
-from catalog.publish import ChunkTally
+from catalog.publish import MAX_MANIFEST_BYTES, ChunkTally, open_cut, open_mapped_cut
 from tests.catalog.helpers import ALICE, BOB, do_publish, find, load_of, payloads, tokens
 
 
@@ -341,3 +341,51 @@ def test_a_stored_chunk_condemned_mid_publish_is_uploaded_afresh(aio, chunk_stor
     loaded = aio.run(load_of(chunk_store, db_engine, find(db_engine, h)))
     assert [(r, bytes(v)) for r, v in loaded.parts] == parts + more
     assert aio.run(chunk_store.contains(broken))
+
+
+@pytest.mark.parametrize("fault", ["intact", "flip", "foreign", "stale", "other", "gone", "huge"])
+def test_a_manifest_opened_in_place_is_refused_as_a_read_one(aio, chunk_store, db_engine, fault):
+    """open_mapped_cut (a store that maps its objects: on the calling thread) answers as
+    open_cut does — the same manifest, or the same error — for an intact manifest, a
+    flipped bit, a foreign vault's MAC, an older generation, another cut's manifest and
+    a missing object; an object past MAX_MANIFEST_BYTES is ManifestInvalid, unread."""
+    from cas.keys import Keyring
+
+    if not chunk_store.maps:
+        pytest.skip("only a store that maps its objects opens a manifest in place")
+    h = tokens(30, 600)
+    m = aio.run(do_publish(chunk_store, db_engine, h[:512], payloads(30)))
+    other = aio.run(do_publish(chunk_store, db_engine, h[:256], payloads(31)))
+    cut = find(db_engine, h[:512])
+    data = bytearray(aio.run(chunk_store.objects.get(cut.object_key)))
+    data[-3] ^= 0x04
+    older = Manifest(**{**{f: getattr(m, f) for f in m.__dataclass_fields__},
+                        "generation": m.generation - 1})  # fmt: skip
+    replaced = {
+        "flip": bytes(data),
+        "foreign": seal_manifest(m, Keyring.generate().rotate()),
+        "stale": seal_manifest(older, chunk_store.keyring),
+        "other": seal_manifest(other, chunk_store.keyring),
+        "huge": bytes(MAX_MANIFEST_BYTES + 1),
+    }
+    if fault == "gone":
+        aio.run(chunk_store.objects.delete(cut.object_key))
+    elif fault in replaced:
+        aio.run(replace_object(chunk_store, cut.object_key, replaced[fault]))
+    keyring = chunk_store.keyring
+
+    def outcome(opener):
+        try:
+            return opener().manifest
+        except (ManifestInvalid, StaleGeneration) as e:
+            return type(e), str(e)
+
+    read = outcome(lambda: aio.run(open_cut(chunk_store, keyring, cut, ALICE)))
+    in_place = outcome(lambda: open_mapped_cut(chunk_store, keyring, cut, ALICE))
+    if fault == "huge":
+        assert in_place[0] is ManifestInvalid
+        assert in_place[1].endswith(f"{cut.object_key} has {MAX_MANIFEST_BYTES + 1} bytes")
+        assert read[0] is ManifestInvalid
+    else:
+        assert in_place == read
+        assert (read == m) is (fault == "intact")

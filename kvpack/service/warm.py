@@ -14,7 +14,9 @@ the server reports ready.
   ChunkStore.warm): a scratch buffer of a block's size for each chunk in flight, the
   worker threads that open chunks, and as many gets of that key, each answered
   "missing", so the operation a restore reads with has run and the connection pool
-  holds a connection per chunk in flight.
+  holds a connection per chunk in flight. From a local directory, whose chunks are
+  mapped, not read: the opener threads, each mapping that key once, and no scratch
+  buffer.
 - catalog: one trivial query and one find_deepest through the vault's Reader: a pooled
   connection, and the lookup's statement path taken once; and a hit's stamp of a cut
   that does not exist, the write every durable hit makes on the background worker.

@@ -7,18 +7,18 @@
   under object_key("chunk", id). "Existed" is success once the stored object has a
   plausible sealed size (any key id, any format that still opens); one that does not (a
   truncated leftover) is replaced.
-- get_into: every chunk fetched into a scratch buffer (cas/buffers.py), or, from a
-  store that maps its objects (a local directory, cas/local.py), opened where its file
-  lies, and opened — tag-verified, decrypted into the caller's destination (into a run
+- get_into: every chunk fetched into a scratch buffer (cas/buffers.py) — or, from a
+  store that maps its objects (a local directory, cas/local.py), mapped where its file
+  lies — and opened: tag-verified, decrypted into the caller's destination (into a run
   buffer in the cache and copied out, for a destination in segments: cas/seal.py
   Opening) and hashed once against its id. Where the store reports its bytes as they
   land (the direct S3 GET) and the destination exists, the open follows the read run by
-  run on the reading thread (cas/trail.py), else it opens the chunk after its read.
-  Up to max_concurrency
-  chunks are in flight, each read and opened in worker threads. A chunk that fails
-  raises ChunkCorrupt / ChunkMissing and the whole call fails; no worker writes into a
-  destination after the call has returned or raised. get / get_many are get_into over
-  buffers they allocate.
+  run on the reading thread (cas/trail.py), else it opens the chunk after its read. Up
+  to max_concurrency chunks are in flight, each read and opened in worker threads. A
+  chunk that fails raises ChunkCorrupt / ChunkMissing and the whole call fails; no
+  worker writes into a destination after the call has returned or raised. get /
+  get_many are get_into over buffers they allocate. open_mapped is get_into for a
+  store that maps, from the caller's thread.
 - warm: a first read's setup paid ahead (a server's warm start): max_concurrency scratch
   buffers of a given size (none for a store that maps), the worker threads that open
   chunks, a store connection per chunk in flight, the seal's open path once on each

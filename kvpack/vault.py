@@ -480,7 +480,8 @@ class MappedReading:
     `manifest` (Vault.read_cut). Nothing is fetched ahead: a mapping costs next to
     nothing, and `into` hands the destinations straight to the chunk store's opener
     threads (cas ChunkStore.open_mapped), with no event loop between the allocation and
-    the opens. Measured: see docs/measurements.md."""
+    the opens (measured in docs/measurements.md). No deadline applies: the opens are
+    this machine's own work on its own files."""
 
     manifest: Manifest  # set by read_cut once it is verified
 

@@ -33,9 +33,10 @@ def _as_found(monkeypatch):
 def test_warm_opens_the_store_and_catalog_and_leaves_no_trace(shared_settings, open_service,
                                                               caplog):  # fmt: skip
     """Branches: each dependency answered (no warning); the store's client, the durable
-    reader's scratch buffers (none where the store maps its objects) and a pooled
-    catalog connection are there before any request; the objects left are frozen out of
-    the garbage collector's later passes; nothing was published or counted."""
+    reader's scratch buffers (where the store maps its objects: its opener threads) and
+    a pooled catalog connection are there before any request; the objects left are
+    frozen out of the garbage collector's later passes; nothing was published or
+    counted."""
     service = open_service(shared_settings)
     vault = service.vault
     stamped: list[object] = []
@@ -54,11 +55,12 @@ def test_warm_opens_the_store_and_catalog_and_leaves_no_trace(shared_settings, o
     assert len(stamped) == 1  # a hit's stamp ran once, of no cut (none exists: below)
     tenant = service.tenant(service.loaded.identity.namespace)
     block = service.loaded.layout.cache_bytes(service.loaded.alignment)
-    scratch = vault.chunks(tenant.scope.namespace).scratch  # a block per chunk in flight,
-    if getattr(vault.objects, "maps", False):  # but a local store's files are mapped
-        assert scratch.held_bytes == 0
-    else:
-        assert scratch.held_bytes >= DEFAULT_CONCURRENCY * block > 0
+    chunks = vault.chunks(tenant.scope.namespace)
+    if chunks.maps:  # a local store's files are mapped: no scratch, an opener per chunk
+        assert chunks.scratch.held_bytes == 0
+        assert len(chunks.openers._threads) == DEFAULT_CONCURRENCY
+    else:  # a scratch buffer of a block per chunk in flight
+        assert chunks.scratch.held_bytes >= DEFAULT_CONCURRENCY * block > 0
     lanes = vault.chunks(tenant.scope.namespace).lanes  # the hash lanes' threads started
     lent = [lanes.take() for _ in range(lanes.size)]
     assert all(lane is not None and lane.thread.is_alive() for lane in lent)

@@ -11,9 +11,9 @@
 - reader: a verified manifest as an engine Source (engine/intake.py). The installer makes
   the intake for the manifest's layout on the thread that runs MLX — the shadow caches
   the cut becomes — and hands the reader its destinations: every chunk, fetched
-  concurrently meanwhile (into scratch buffers, or mapped from a local directory), is
-  decrypted and re-hashed and copied into them, its tag checked (cas
-  ChunkStore.get_into). Nothing is decoded,
+  concurrently into scratch buffers meanwhile (cas ChunkStore.get_into), or, from a
+  local directory, mapped once the destinations exist (ChunkStore.open_mapped), is
+  decrypted, re-hashed and copied into them, its tag checked. Nothing is decoded,
   joined or copied after that, and kvpack never decodes the parts. A fetch that fails or a
   chunk that does not verify raises out of the install before the swap: the slot keeps
   what it had, and the ladder falls through (an outage uncounted; a verification

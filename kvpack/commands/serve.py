@@ -5,8 +5,8 @@ data dir, the demo model). Storage comes from flags, else KVPACK_* environment
 variables (AWS_* for S3), else the TOML file named by --config / KVPACK_CONFIG (see
 kvpack/config.py). Before it listens it warms up (kvpack/service/warm.py: the restore
 reserve mapped, the S3 client and a connection, a pooled catalog connection, one short
-prefill, restore and decoded token, startup's objects frozen out of the garbage
-collector) and fills the vault gauges once, so the first request after a restart costs
+prefill, restore and decoded token on the engine thread, startup's objects frozen out of
+the garbage collector) and fills the vault gauges once, so the first request after a restart costs
 what the next ones do. When it listens it prints one line starting with
 kvpack.server.app.READY, which `kvpack bench` waits for; /readyz answers only from then
 on.
@@ -56,6 +56,7 @@ SWITCH_INTERVAL_S = 0.0005
 
 if TYPE_CHECKING:  # the service loads the engine: only when serving
     from kvpack.maintainer import Maintainer
+    from kvpack.service.scheduler import Scheduler
     from kvpack.service.service import Service
 
 
@@ -141,7 +142,6 @@ def run(args: argparse.Namespace) -> int:
     except (ModelLoadError, InvalidRequest) as e:
         print(f"kvpack serve: {e}")
         return 2
-    _warm(service)
     if args.measure_restores:
         from kvpack.service.restores import RestoreMeter
 
@@ -158,12 +158,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _warm(service: Service) -> None:
+def _warm(service: Service, scheduler: Scheduler) -> None:
     """Pay the first request's setup now, before the server listens (kvpack/service/warm.py),
-    on this thread: the engine's thread starts with the server."""
+    on the engine thread, where the requests will run: MLX streams are per thread."""
     from kvpack.service.warm import warm
 
-    seconds = warm(service)
+    seconds = scheduler.call(lambda: warm(service))
     phases = ", ".join(f"{name} {s:.2f} s" for name, s in seconds.items())
     print(f"kvpack serve: warm in {sum(seconds.values()):.2f} s ({phases})", flush=True)
 
@@ -203,7 +203,7 @@ async def _serve(
 ) -> None:
     from catalog.db import redacted
     from kvpack.maintainer import Maintainer
-    from kvpack.server.app import READY, make_app, start
+    from kvpack.server.app import FRONT, READY, make_app, start
     from kvpack.server.auth import any_active_key, catalog_authenticator
     from kvpack.units import format_duration, format_size
 
@@ -232,6 +232,7 @@ async def _serve(
         max_queued_per_tenant=args.max_queued_per_tenant,
         max_body_bytes=args.max_body_mib * 1024 * 1024,
     )
+    await asyncio.to_thread(_warm, service, app[FRONT].scheduler)
     refreshed = await asyncio.to_thread(_fill_gauges, maintainer)
     runner, url = await start(
         app, host=args.host, port=args.port, shutdown_timeout_s=settings.drain_timeout_s

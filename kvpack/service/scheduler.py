@@ -10,6 +10,9 @@
   tenant's long prompts cannot starve another's short one.
 - bound: at most `max_queued` tasks per tenant, running or waiting; beyond it `submit`
   raises TenantBusy, with a retry-after estimate from how long recent tasks took.
+- call: a plain function run on the engine thread as a task of its own, the caller
+  waiting for its value (the server's warm start: MLX streams belong to the thread that
+  made them, engine/streams.py, so what warms the engine must run where requests will).
 
 MLX and the slots are used from this thread only.
 """
@@ -22,8 +25,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator
+from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from engine import streams
 
@@ -31,6 +35,8 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_QUEUED = 32
 MAX_RETRY_AFTER_S = 60
 Done = Callable[[Any, BaseException | None], None]
+T = TypeVar("T")
+CALLS = "\0engine"  # the queue `call` uses: no tenant can be named this (NUL)
 
 
 class TenantBusy(Exception):
@@ -71,7 +77,9 @@ class Scheduler:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, namespace: str, start: Callable[[], Generator], done: Done) -> None:
+    def submit(
+        self, namespace: str, start: Callable[[], Generator[Any, None, Any]], done: Done
+    ) -> None:
         """Queue a task for `namespace`; TenantBusy past the bound, SchedulerClosed after
         close()."""
         with self._cond:
@@ -85,6 +93,24 @@ class Scheduler:
                 self._turns.append(namespace)
             queue.append(Task(namespace, start, done))
             self._cond.notify_all()
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """fn() on the engine thread, in its turn; its value, or what it raised. Blocks
+        until it has run: never call it from the engine thread."""
+        result: futures.Future[T] = futures.Future()
+
+        def steps() -> Generator[None, None, T]:
+            yield from ()  # a generator: fn runs at its first step, on the engine thread
+            return fn()
+
+        def done(value: Any, error: BaseException | None) -> None:
+            if error is None:
+                result.set_result(value)
+            else:
+                result.set_exception(error)
+
+        self.submit(CALLS, steps, done)
+        return result.result()
 
     @property
     def alive(self) -> bool:

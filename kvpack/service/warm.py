@@ -28,6 +28,8 @@ the server reports ready.
   resident hit installs; the planes through an intake, as a durable hit reads), and one
   decoded token; then the slot is reset. The code a durable restore and a first
   step run has run once, with nothing left behind: no cut is published, no counter moves.
+  MLX streams belong to the thread that made them (engine/streams.py), so `kvpack serve`
+  runs the warm start on its engine thread, where requests run (Scheduler.call).
 - objects: a full garbage collection, then every object left (the model's modules, the
   tokenizer's tables: they live as long as the process) frozen out of later ones
   (gc.freeze). Otherwise the first full collection after the start walks them all on

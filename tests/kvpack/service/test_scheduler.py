@@ -146,3 +146,17 @@ def test_the_engine_thread_releases_its_mlx_streams_as_it_ends(monkeypatch):
     assert log.finished.wait(30) and released == []
     assert scheduler.close(30)
     assert released == ["engine-under-test"]
+
+
+def test_call_runs_a_function_on_the_engine_thread_and_returns_what_it_did(scheduler):
+    """call: the function runs on the scheduler's thread, not the caller's; its value
+    comes back, and what it raised is raised in the caller."""
+    assert scheduler.call(threading.current_thread) is scheduler._thread
+    assert scheduler.call(lambda: 42) == 42
+
+    def fails():
+        raise ValueError("warm failed")
+
+    with pytest.raises(ValueError, match="warm failed"):
+        scheduler.call(fails)
+    assert scheduler.pending() == 0

@@ -96,7 +96,9 @@ class Scheduler:
 
     def call(self, fn: Callable[[], T]) -> T:
         """fn() on the engine thread, in its turn; its value, or what it raised. Blocks
-        until it has run: never call it from the engine thread."""
+        until it has run; RuntimeError from the engine thread, which would wait for itself."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("Scheduler.call from the engine thread would wait for itself")
         result: futures.Future[T] = futures.Future()
 
         def steps() -> Generator[None, None, T]:

@@ -150,7 +150,8 @@ def test_the_engine_thread_releases_its_mlx_streams_as_it_ends(monkeypatch):
 
 def test_call_runs_a_function_on_the_engine_thread_and_returns_what_it_did(scheduler):
     """call: the function runs on the scheduler's thread, not the caller's; its value
-    comes back, and what it raised is raised in the caller."""
+    comes back, and what it raised is raised in the caller; a call from the engine
+    thread itself is refused instead of waiting forever."""
     assert scheduler.call(threading.current_thread) is scheduler._thread
     assert scheduler.call(lambda: 42) == 42
 
@@ -159,4 +160,6 @@ def test_call_runs_a_function_on_the_engine_thread_and_returns_what_it_did(sched
 
     with pytest.raises(ValueError, match="warm failed"):
         scheduler.call(fails)
+    with pytest.raises(RuntimeError, match="wait for itself"):  # not a deadlock
+        scheduler.call(lambda: scheduler.call(lambda: 1))
     assert scheduler.pending() == 0

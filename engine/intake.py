@@ -80,11 +80,14 @@ class Intake:
             return
         self.snapshot = codec.allocate(self.pool, self.snapshot, self._shadow)
         mx.eval(self._shadow.arrays())
-        for part in self.snapshot.parts:
+        parts = self.snapshot.parts
+        for part, segments in zip(
+            parts, codec.segments(self.pool, parts, self._shadow), strict=True
+        ):
             expected = frame.head(part.kind, part.arrays, **part.fields)
             landed = memoryview(bytearray(len(expected) + frame.DIGEST_SIZE))
             self._heads[part.role] = (expected, landed)
-            self._segments[part.role] = [landed, *codec.segments(self.pool, part, self._shadow)]
+            self._segments[part.role] = [landed, *segments]
 
     def evaluate_parts(self) -> None:
         """Evaluate the parts' arrays while their bytes land (on the thread running MLX,

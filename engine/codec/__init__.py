@@ -68,7 +68,9 @@ class CacheKind(Protocol):
         self, pool: PoolShape, layout: Mapping[str, Any], shadow: SlotState
     ) -> list[Part]: ...
 
-    def segments(self, pool: PoolShape, part: Part, shadow: SlotState) -> list[memoryview]: ...
+    def segments(
+        self, pool: PoolShape, parts: Sequence[Part], shadow: SlotState
+    ) -> list[list[memoryview]]: ...
 
 
 KINDS: dict[str, CacheKind] = {kind.KIND: kind for kind in (blocks, rings, logits)}
@@ -226,8 +228,18 @@ def allocate(pool: PoolShape, snap: Snapshot, shadow: SlotState) -> Snapshot:
     return dataclasses.replace(snap, parts=tuple(made.get(p.role, p) for p in snap.parts))
 
 
-def segments(pool: PoolShape, part: Part, shadow: SlotState) -> list[memoryview]:
-    return KINDS[part.kind].segments(pool, part, shadow)
+def segments(pool: PoolShape, parts: Sequence[Part], shadow: SlotState) -> list[list[memoryview]]:
+    """Where each received part's payload goes, in frame order; parts in the order given.
+    Each kind is asked once for all of its parts (a deep cut has thousands of buffers'
+    views to make, and blocks makes each buffer's once)."""
+    found: dict[str, list[memoryview]] = {}
+    for name, kind in KINDS.items():
+        mine = [p for p in parts if p.kind == name]
+        if mine:
+            found.update(
+                zip([p.role for p in mine], kind.segments(pool, mine, shadow), strict=True)
+            )
+    return [found[p.role] for p in parts]
 
 
 def calibrate(pool: PoolShape, nbytes: int) -> int | None:

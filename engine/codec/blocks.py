@@ -173,35 +173,40 @@ def _nbytes(pool: PoolShape, shapes: Sequence[tuple[int, ...]]) -> int:
 
 def _rows(pool: PoolShape, layout: Mapping[str, Any], shadow: SlotState) -> list[Part]:
     """One Part per block whose arrays are views of the rows of the shadow's full-layer
-    buffers it fills. Each block's rows are slices of one [heads, capacity, dim] view per
-    buffer: a deep cut has thousands of rows, and one op each halves what they cost to
-    make and evaluate."""
+    buffers it fills: the K buffers' rows for the block, then the V buffers'. Each buffer
+    is one [heads, capacity, dim] view, split once at the blocks' ends: a deep cut has
+    thousands of rows, and one op per buffer, not one per row, made the demo model's
+    7,936-token rows in 1.3-2.2 ms against 5.5-7.4 ms (AMD EPYC VM). Blocks that do not
+    follow one another from row 0 get rows of other lengths, which the gate refuses."""
     buffers = []
     for layer, _ in _full(pool):
         keys, values = shadow.cache[layer].keys, shadow.cache[layer].values
-        buffers.append((keys.reshape(keys.shape[1:]), values.reshape(values.shape[1:])))
+        buffers += [keys.reshape(keys.shape[1:]), values.reshape(values.shape[1:])]
+    blocks = layout["blocks"]
+    ends = [e["index"] * pool.alignment + e["length"] for e in blocks]
+    pieces = [mx.split(b, ends, axis=1) for b in buffers]  # K, V, K, V, ... by layer
     parts = []
-    for e in layout["blocks"]:
-        lo, hi = e["index"] * pool.alignment, e["index"] * pool.alignment + e["length"]
-        rows = [k[:, lo:hi, :] for k, _ in buffers] + [v[:, lo:hi, :] for _, v in buffers]
+    for i, e in enumerate(blocks):
+        rows = [p[i] for p in pieces[0::2]] + [p[i] for p in pieces[1::2]]
         parts.append(Part(e["role"], tuple(rows), {"index": e["index"], "length": e["length"]}))
     return parts
 
 
-def segments(pool: PoolShape, part: Part, shadow: SlotState) -> list[memoryview]:
-    """Where a received block's payload goes, in frame order: each full layer's K then V
-    rows for the block, head by head (a [heads, capacity, dim] buffer holds a head's rows
-    contiguously)."""
+def segments(pool: PoolShape, parts: Sequence[Part], shadow: SlotState) -> list[list[memoryview]]:
+    """Where each received block's payload goes, in frame order: each full layer's K then
+    V rows for the block, head by head (a [heads, capacity, dim] buffer holds a head's
+    rows contiguously). Each buffer's bytes are viewed once, for all the blocks."""
     full = _full(pool)
-    lo, n = part.fields["index"] * pool.alignment, part.fields["length"]
     buffers = [shadow.cache[i].keys for i, _ in full] + [shadow.cache[i].values for i, _ in full]
-    out = []
+    views = []  # (the buffer's bytes, heads, capacity, bytes per row)
     for buf in buffers:
         _, heads, capacity, dim = buf.shape
-        flat, row = memoryview(buf).cast("B"), dim * buf.itemsize
-        for h in range(heads):
-            start = (h * capacity + lo) * row
-            out.append(flat[start : start + n * row])
+        views.append((memoryview(buf).cast("B"), heads, capacity, dim * buf.itemsize))
+    out = []
+    for part in parts:
+        lo, n = part.fields["index"] * pool.alignment, part.fields["length"]
+        out.append([flat[(h * capacity + lo) * row : (h * capacity + lo + n) * row]
+                    for flat, heads, capacity, row in views for h in range(heads)])  # fmt: skip
     return out
 
 

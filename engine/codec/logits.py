@@ -72,7 +72,7 @@ def receive(pool: PoolShape, layout: Mapping[str, Any], shadow: SlotState) -> li
     return [Part(role, (shadow.logits,), {})]
 
 
-def segments(pool: PoolShape, part: Part, shadow: SlotState) -> list[memoryview]:
+def segments(pool: PoolShape, parts: Sequence[Part], shadow: SlotState) -> list[list[memoryview]]:
     """Where the received logits go: the shadow's row."""
     assert shadow.logits is not None
-    return [memoryview(shadow.logits).cast("B")]  # type: ignore[arg-type]  # no __buffer__ in stubs
+    return [[memoryview(shadow.logits).cast("B")] for _ in parts]  # type: ignore[arg-type]  # no __buffer__ in stubs

@@ -158,7 +158,10 @@ def receive(pool: PoolShape, layout: Mapping[str, Any], shadow: SlotState) -> li
     return [Part(recorded["role"], tuple(arrays), {"layers": layers})]
 
 
-def segments(pool: PoolShape, part: Part, shadow: SlotState) -> list[memoryview]:
-    """Where the received ring's payload goes: each sliding layer's K then V buffer, whole."""
-    caches = [shadow.cache[layer] for layer in part.fields["layers"]]
-    return [memoryview(b).cast("B") for c in caches for b in (c.keys, c.values)]
+def segments(pool: PoolShape, parts: Sequence[Part], shadow: SlotState) -> list[list[memoryview]]:
+    """Where each received ring's payload goes: each sliding layer's K then V buffer, whole."""
+    out = []
+    for part in parts:
+        caches = [shadow.cache[layer] for layer in part.fields["layers"]]
+        out.append([memoryview(b).cast("B") for c in caches for b in (c.keys, c.values)])
+    return out

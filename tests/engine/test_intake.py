@@ -155,8 +155,9 @@ def test_a_part_of_another_place_is_refused_and_the_slot_untouched():
 
 def test_layouts_that_do_not_fit_are_refused_before_allocating():
     """A layout of another identity, an impossible capacity or ring size, another depth, a
-    malformed entry, or a non-aligned cut without logits (it could serve nothing):
-    RestoreRefused from Slot.intake itself."""
+    malformed entry, blocks out of order, overlapping or past the capacity (rows of
+    other lengths from the split), or a non-aligned cut without logits (it could
+    serve nothing): RestoreRefused from Slot.intake itself."""
     pool = tiny_pool(1)
     snap = cold(pool, PROMPT, 0).export()
 
@@ -168,6 +169,20 @@ def test_layouts_that_do_not_fit_are_refused_before_allocating():
     def ring_size(layout):
         layout["ring"]["layers"][0]["size"] = 10**9
 
+    def blocks(edit):
+        def edited_blocks(layout):
+            layout["blocks"] = edit([dict(b) for b in layout["blocks"]])
+
+        return edited(edited_blocks)
+
+    def longer_first(entries):
+        entries[0]["length"] += 1
+        return entries
+
+    def last_past_capacity(entries):
+        entries[-1]["index"] += 5
+        return entries
+
     broken = [
         edited(lambda layout: layout.update(identity="00" * 32)),
         edited(lambda layout: layout.update(capacity=10**9)),
@@ -175,6 +190,9 @@ def test_layouts_that_do_not_fit_are_refused_before_allocating():
         edited(ring_size),
         edited(lambda layout: layout.update(depth=snap.depth + TINY_A)),
         edited(lambda layout: layout.update(blocks="nope")),
+        blocks(lambda entries: entries[::-1]),
+        blocks(longer_first),
+        blocks(last_past_capacity),
         dict(drop_logits(snap).layout),
     ]
     for layout in broken:

@@ -48,7 +48,8 @@ class ObjectStore(Protocol):
         attempt is retried; an exception it raises ends the read. A backend whose `maps`
         attribute is True (LocalDirStore) also offers `map(key, limit)`: the object's
         bytes where they lie, read-only and without a copy, for a reader that closes
-        them once done (cas/local.py); it blocks, so it is called on a worker thread."""
+        them once done (cas/local.py); it blocks, so it is called on a worker thread. It
+        also offers `preload(keys)`: the objects' files read into the page cache."""
         ...
 
     async def stat(self, key: str) -> ObjectInfo:

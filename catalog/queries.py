@@ -433,6 +433,38 @@ def least_recently_hit(
     return [(ManifestId.from_hex(r.id), r.object_key) for r in rows]
 
 
+def recent_chunks(*, session: Session, budget: int, batch: int = 64) -> list[tuple[str, int]]:
+    """(chunk id hex, stored bytes) of the most recently used cuts (last hit, else
+    creation), newest cut first and each cut's in part order, every chunk once, until the
+    next would take the total past `budget`; condemned chunks left out. What a restarted
+    server reads back into memory first (kvpack/service/warm.py)."""
+    m, mc, c = ManifestRow, ManifestChunkRow, ChunkRow
+    last_use = func.coalesce(m.last_hit_at, m.created_at)
+    newest = select(m.id).order_by(last_use.desc(), m.created_at.desc(), m.id)
+    picked: dict[str, int] = {}
+    total, offset = 0, 0
+    while ids := list(session.scalars(newest.offset(offset).limit(batch))):
+        rows = session.execute(
+            select(mc.manifest, mc.chunk, func.coalesce(c.stored_size, c.size))
+            .join(c, c.id == mc.chunk)
+            .where(mc.manifest.in_(ids), c.condemned_at.is_(None))
+            .order_by(mc.manifest, mc.ordinal)
+        )
+        by_cut: dict[str, list[tuple[str, int]]] = {}
+        for cut, chunk, size in rows:
+            by_cut.setdefault(cut, []).append((chunk, size))
+        for cut in ids:
+            for chunk, size in by_cut.get(cut, ()):
+                if chunk in picked:
+                    continue
+                if total + size > budget:
+                    return list(picked.items())
+                picked[chunk] = size
+                total += size
+        offset += batch
+    return list(picked.items())
+
+
 def delete_manifest(*, session: Session, manifest_id: ManifestId, now: datetime) -> str | None:
     """Delete a manifest's rows; its chunks become unreferenced now. Returns its object key."""
     mid = manifest_id.hex

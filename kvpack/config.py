@@ -40,6 +40,10 @@ names come after kvpack's own), its parser and its default.
                                             (unset: one slot at the model's full context
                                             and the reader's scratch, at most 2GiB; "0":
                                             none; engine/memory.py)
+    preload           KVPACK_PRELOAD        bytes of the most recently used cuts' chunks read
+                                            into the page cache at start ("1GiB"; "0":
+                                            none; a local directory only: see
+                                            kvpack/service/warm.py)
     publish           KVPACK_PUBLISH        whether cold prefills publish their cuts (true;
                                             false: an A/B control, a read-only replica)
     publish_max_defer_s KVPACK_PUBLISH_MAX_DEFER  the longest a durable cut waits for its
@@ -83,6 +87,7 @@ DEFAULT_DRAIN_TIMEOUT_S = 30.0
 DEFAULT_GC_INTERVAL_S = 300.0
 DEFAULT_GC_GRACE_S = 3600.0
 DEFAULT_QUARANTINE_RETENTION_S = 7 * 86400.0
+DEFAULT_PRELOAD = 1 << 30
 DEFAULT_PUBLISH_MAX_DEFER_S = 30.0  # kvpack/service/publication.py DEFAULT_MAX_DEFER_S
 PRODUCER_FILE = "producer-id"
 
@@ -121,6 +126,7 @@ class Settings:
     s3_secret_key_file: Path | None = None
     mlx_cache_limit: int | None = None
     restore_reserve: int | None = None
+    preload: int = DEFAULT_PRELOAD
     publish: bool = True
     publish_max_defer_s: float = DEFAULT_PUBLISH_MAX_DEFER_S
     s3_direct_get: bool = True
@@ -365,6 +371,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("s3_secret_key_file", ("KVPACK_S3_SECRET_KEY_FILE",), _path, lambda v: None),
     Setting("mlx_cache_limit", ("KVPACK_MLX_CACHE_LIMIT",), _size, lambda v: None),
     Setting("restore_reserve", ("KVPACK_RESTORE_RESERVE",), _size, lambda v: None),
+    Setting("preload", ("KVPACK_PRELOAD",), _size, lambda v: DEFAULT_PRELOAD),
     Setting("publish", ("KVPACK_PUBLISH",), _bool, lambda v: True),
     Setting(
         "publish_max_defer_s",

@@ -151,13 +151,15 @@ class Service:
         publish: bool = True,
         publish_max_defer_s: float = DEFAULT_MAX_DEFER_S,
         restore_reserve: int | None = None,
+        preload: int = 0,
     ) -> None:
         """`close_vault`: close() closes the vault too (Service.open sets it for a vault it
         opened itself; a vault several services share is closed by whoever opened it).
         `publish`: whether cold prefills publish their cuts; `publish_max_defer_s`: the
         longest a durable cut waits for its request to be served; `restore_reserve`: the
         bytes the warm start maps for the first restore (None: `default_reserve`;
-        engine/memory.py)."""
+        engine/memory.py); `preload`: the bytes of recently used cuts the warm start reads
+        into the page cache (Vault.preload)."""
         if durable_every < 1 or durable_every % loaded.alignment:
             raise InvalidRequest(
                 "durable_every", f"must be a positive multiple of {loaded.alignment}"
@@ -167,6 +169,7 @@ class Service:
         self.restore_reserve = (
             default_reserve(loaded) if restore_reserve is None else restore_reserve
         )
+        self.preload = preload
         self.vault = vault
         self.resident = resident if resident is not None else ResidentTier()
         self.accounting = Accounting(per_namespace=True)  # counters per tenant
@@ -245,6 +248,7 @@ class Service:
                 publish=settings.publish,
                 publish_max_defer_s=settings.publish_max_defer_s,
                 restore_reserve=settings.restore_reserve,
+                preload=settings.preload,
             )
             peers = load_peers(settings.peers_path)
         except BaseException:

@@ -1,5 +1,5 @@
 """LocalDirStore specifics: atomic put-if-absent across processes, no visible temp files,
-OS errors translated once."""
+OS errors translated once, chunks opened from mapped files, files preloaded."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from cas.chunks import ChunkStore
 from cas.errors import ChunkCorrupt, ChunkMissing, StoreUnavailable
 from cas.keys import Keyring
 from cas.local import TEMP_PREFIX, LocalDirStore, Mapped
+from tests.fixtures.pages import evicted, pages, resident
 
 
 def _put_from_process(root: str, body: bytes) -> bool:
@@ -185,3 +186,15 @@ def test_open_mapped_raises_only_once_every_open_has_ended(tmp_path, keyring, ai
     release.set()
     caller.join(10)
     assert events == ["still running", "A written", "raised"]
+
+
+def test_preload_reads_the_files_into_the_page_cache(tmp_path):
+    """Each object's file, its pages dropped from the page cache, is all in it again after
+    preload, and counted; a missing key is skipped, not an error."""
+    store = LocalDirStore(tmp_path)
+    sizes = {"chunks/aa/one": 3 << 20, "chunks/bb/two": 5000}
+    for key, size in sizes.items():
+        asyncio.run(store.put_if_absent(key, os.urandom(size)))
+    paths = evicted(tmp_path / key for key in sizes)
+    assert store.preload([*sizes, "chunks/cc/missing"]) == (2, sum(sizes.values()))
+    assert [resident(p) for p in paths] == [pages(p) for p in paths]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import event
+from sqlalchemy import event, update
 
 from catalog import queries
 from catalog.chain import token_chain
 from catalog.ids import ManifestId
-from catalog.models import ManifestRow
+from catalog.models import ChunkRow, ManifestRow
 from tests.catalog.helpers import A, add_cut, identity, tokens
 
 ALICE = identity("alice")
@@ -182,3 +182,29 @@ def test_find_deepest_is_one_query_served_by_the_identity_chain_index(db_session
         conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
         plan = conn.exec_driver_sql(f"EXPLAIN {statement}", parameters).all()
     assert "ix_manifests_identity_chain" in " ".join(str(r) for r in plan)
+
+
+def test_recent_chunks_take_the_most_recently_used_cuts_first_within_the_budget(db_session):
+    """What a restart preloads: cuts by last use (a hit, else creation), newest first and
+    each in part order; a chunk two cuts share counted once; a condemned chunk left out;
+    stopped before the chunk that would pass the budget."""
+    t0 = datetime(2030, 1, 1, tzinfo=UTC)
+    h = tokens(13, 1100)
+    a, b, c, d = ("aa" * 32, 10), ("bb" * 32, 20), ("cc" * 32, 30), ("dd" * 32, 40)
+    gone = ("ee" * 32, 5)
+    old = add_cut(db_session, ident=ALICE, history=h, depth=256, at=t0, chunks=[a, d])
+    add_cut(db_session, ident=ALICE, history=h, depth=512, at=t0 + timedelta(seconds=1),
+            chunks=[a, gone, c])  # fmt: skip
+    add_cut(db_session, ident=BOB, history=h, depth=256, at=t0 + timedelta(seconds=2),
+            chunks=[b])  # fmt: skip
+    queries.touch_cut(session=db_session, manifest_id=old, at=t0 + timedelta(seconds=5))
+    db_session.execute(update(ChunkRow).where(ChunkRow.id == gone[0])
+                       .values(condemned_at=t0, condemned_by="test"))  # fmt: skip
+
+    def recent(budget):
+        return queries.recent_chunks(session=db_session, budget=budget, batch=2)
+
+    assert recent(1000) == [a, d, b, c]  # the hit cut, then by creation; `a` once
+    assert recent(99) == [a, d, b]  # c would make 100
+    assert recent(100) == [a, d, b, c]
+    assert recent(9) == [] and recent(0) == []

@@ -137,6 +137,7 @@ SAMPLES = {  # a raw value for each setting, and what it loads as
     "verify_interval_s": ("30s", 30.0),
     "mlx_cache_limit": ("2GiB", 2 * 1024**3),
     "restore_reserve": ("512MiB", 512 * 1024**2),
+    "preload": ("256MiB", 256 * 1024**2),
     "publish": ("off", False),
     "publish_max_defer_s": ("2m", 120.0),
     "s3_direct_get": ("false", False),

@@ -1,6 +1,7 @@
 """Warm start (kvpack/service/warm.py) on the tiny model: the object store's client, the
 hash lanes and a catalog connection exist afterwards, the shadow's crossover is measured
-and a hit's stamp has run once, on the embedded default and on S3 + PostgreSQL; the
+and a hit's stamp has run once, on the embedded default and on S3 + PostgreSQL; a restart
+reads the recently used cuts' chunk files back into the page cache; the
 engine ran a prefill, restore and decode, and left nothing behind (no cut, no counter, a
 fresh slot, the same cold answer as a service that never warmed)."""
 
@@ -17,8 +18,10 @@ from kvpack.config import Settings
 from kvpack.service.service import FRAME_ROOM, CompletionRequest
 from kvpack.service.warm import warm
 from tests.engine.slotkit import TINY_A
+from tests.fixtures.pages import evicted, pages, resident
 
 PROMPT = list(range(3, 3 + 2 * TINY_A + 5))
+PHASES = {"memory", "shadow", "store", "cache", "catalog", "engine", "objects"}
 
 
 @pytest.fixture(autouse=True)
@@ -45,8 +48,7 @@ def test_warm_opens_the_store_and_catalog_and_leaves_no_trace(shared_settings, o
     unfilled._crossover = -1  # not a crossover: warm must measure one
     with caplog.at_level(logging.WARNING, logger="kvpack.service.warm"):
         seconds = warm(service)
-    phases = {"memory", "shadow", "store", "catalog", "engine", "objects"}
-    assert set(seconds) == phases and not caplog.records
+    assert set(seconds) == PHASES and not caplog.records
     assert unfilled._crossover > 0
     assert gc.get_freeze_count() > 0  # startup's objects are out of later full collections
     if hasattr(vault.objects, "breaker"):  # S3: the client exists on the vault's loop
@@ -95,9 +97,29 @@ def test_warm_with_the_store_unreachable_logs_and_goes_on(tmp_path, open_service
     service = open_service(settings)
     with caplog.at_level(logging.WARNING, logger="kvpack.service.warm"):
         seconds = warm(service)
-    assert set(seconds) == {"memory", "shadow", "store", "catalog", "engine", "objects"}
+    assert set(seconds) == PHASES
     skipped = [r.getMessage() for r in caplog.records if r.name == "kvpack.service.warm"]
     assert len(skipped) == 1 and skipped[0].startswith("warm start: store skipped")
+
+
+@pytest.mark.parametrize("preload", ["1GiB", "0"])
+def test_a_restart_reads_the_recently_used_cuts_back_into_memory(tmp_path, open_service,
+                                                                  preload):  # fmt: skip
+    """The cache phase: the chunk files of the cuts a first service published, dropped
+    from the page cache, are all in it again once a restarted service has warmed; with
+    the preload setting "0" they stay on the disk."""
+    env = {"KVPACK_PRELOAD": preload}
+    settings = Settings.load(data_dir=tmp_path / "vault", alignment=TINY_A, env=env)
+    first = open_service(settings)
+    assert first.complete(CompletionRequest(tokens=PROMPT, max_tokens=2)).tier == "none"
+    assert first.flush(30)
+    first.close()
+    files = evicted(p for p in (tmp_path / "vault" / "objects" / "chunks").rglob("*")
+                    if p.is_file())  # fmt: skip
+    assert len(files) >= 2  # the prompt's aligned blocks, at least
+    warm(open_service(settings))
+    expected = [pages(p) for p in files] if preload != "0" else [0] * len(files)
+    assert [resident(p) for p in files] == expected
 
 
 def test_the_restore_reserve_is_two_full_context_slots_unless_set(tmp_path, open_service):

@@ -115,8 +115,9 @@ class LocalDirStore:
             except ObjectMissing:
                 continue
             with mapped:
-                if not POPULATES:  # macOS: the kernel reads it ahead instead
+                if not POPULATES:  # macOS: read ahead, not page by page as they are touched
                     mapped.advise_willneed()
+                _touch(mapped.view)
                 count, size = count + 1, size + mapped.view.nbytes
         return count, size
 
@@ -203,6 +204,16 @@ def _read_into(path: Path, key: str, out: memoryview) -> int:
         if size > len(out):
             raise ObjectTooLarge(key, size, len(out))
         return read_into(f.readinto, out, size)
+
+
+def _touch(view: memoryview) -> None:
+    """One byte of each page read. A page just read from the disk can be in the page cache
+    and still cost its first reader: on a development VM, a 7,936-token restore whose
+    chunk files the warm start had read back, mapped but untouched, took 0.70-0.94 s
+    against 0.26-0.34 s for the next, its AES-GCM stalled on loads from the mapped file
+    (83% of that function's samples on one load); with each page touched here, 0.26-0.34
+    s (docs/measurements.md). Likely the hypervisor mapping memory on its first access."""
+    bytes(view[:: mmap.PAGESIZE])
 
 
 def _map(path: Path, key: str, limit: int) -> Mapped:

@@ -36,8 +36,8 @@ from cas.store import ObjectInfo
 
 TEMP_PREFIX = ".tmp-"
 # Every page mapped in the one call (Linux), not faulted in one by one as the open reads.
-POPULATES = hasattr(mmap, "MAP_POPULATE")
 MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+POPULATES = hasattr(mmap, "MAP_POPULATE")
 
 
 class Mapped:
@@ -208,11 +208,12 @@ def _read_into(path: Path, key: str, out: memoryview) -> int:
 
 def _touch(view: memoryview) -> None:
     """One byte of each page read. A page just read from the disk can be in the page cache
-    and still cost its first reader: on a development VM, a 7,936-token restore whose
-    chunk files the warm start had read back, mapped but untouched, took 0.70-0.94 s
-    against 0.26-0.34 s for the next, its AES-GCM stalled on loads from the mapped file
-    (83% of that function's samples on one load); with each page touched here, 0.26-0.34
-    s (docs/measurements.md). Likely the hypervisor mapping memory on its first access."""
+    and still cost its first reader: on a development VM, the first 7,936-token restore
+    after a restart whose warm start had mapped the chunk files back but not touched them
+    took up to 0.94 s (median 0.62 s over 13 restarts; its AES-GCM stalled on loads from
+    the mapped file, 83% of that function's samples on one load); with each page touched
+    here, 0.26-0.34 s, what the requests after it took (docs/measurements.md). Likely
+    the hypervisor mapping the VM's memory on its first access; not verified."""
     bytes(view[:: mmap.PAGESIZE])
 
 

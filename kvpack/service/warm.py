@@ -20,11 +20,13 @@ the server reports ready.
 - cache: the chunks of the most recently used cuts (last hit, else published), up to the
   `preload` setting's bytes (1 GiB by default), read into the page cache from a local
   directory store (Vault.preload), as PostgreSQL's autoprewarm does for its buffers: the
-  first hits after a restart or a reboot then read memory. Without it, a development VM
-  whose page cache lets go of files written minutes before had the first 7,936-token
-  restore after a restart read 123 MB of its 366 MB from the disk: 0.40 s against
-  0.27-0.32 s for the next ones (docs/measurements.md). Reading 366 MB from that VM's
-  disk took 0.39-0.44 s; from the page cache, 0.06 s.
+  first hits after a restart or a reboot then read memory, and each page has been
+  touched once (cas/local.py). Measured on a development VM (demo model, 7,936 tokens,
+  the vault's chunk files dropped from the page cache before each of four restarts):
+  without it the first restore read its 366 MB from the disk and took 0.57-0.71 s; with
+  it 0.26-0.34 s, what the second requests took (0.28-0.33 s). The warm start read the
+  vault's 745 MB back in 0.6-1.8 s; 0.1 s when they were still in memory
+  (docs/measurements.md).
 - catalog: one trivial query and one find_deepest through the vault's Reader: a pooled
   connection, and the lookup's statement path taken once; and a hit's stamp of a cut
   that does not exist, the write every durable hit makes on the background worker.

@@ -24,6 +24,7 @@ import errno
 import mmap
 import os
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
@@ -103,13 +104,16 @@ class LocalDirStore:
         pages are mapped, from the disk if need be): call it on a worker thread."""
         return _guard("get", key, _map, self._path(key), key, limit)
 
-    def preload(self, keys: Iterable[str]) -> tuple[int, int]:
+    def preload(self, keys: Iterable[str], *, until: float | None = None) -> tuple[int, int]:
         """Each object's file read into the page cache (mapped with its pages populated,
         then unmapped), so a restarted server's first reads of them find memory, not
-        the disk (kvpack/service/warm.py); missing ones skipped. (objects, bytes) read.
-        It blocks on the disk."""
+        the disk (kvpack/service/warm.py); missing ones skipped, and none started once
+        time.monotonic() has passed `until`. (objects, bytes) read. It blocks on the
+        disk."""
         count = size = 0
         for key in keys:
+            if until is not None and time.monotonic() > until:
+                break
             try:
                 mapped = self.map(key, sys.maxsize)
             except ObjectMissing:

@@ -41,9 +41,9 @@ names come after kvpack's own), its parser and its default.
                                             and the reader's scratch, at most 2GiB; "0":
                                             none; engine/memory.py)
     preload           KVPACK_PRELOAD        bytes of the most recently used cuts' chunks read
-                                            into the page cache at start ("1GiB"; "0":
-                                            none; a local directory only: see
-                                            kvpack/service/warm.py)
+                                            into the page cache at start, for 10 s at
+                                            most ("1GiB"; "0": none; a local directory
+                                            only: kvpack/service/warm.py)
     publish           KVPACK_PUBLISH        whether cold prefills publish their cuts (true;
                                             false: an A/B control, a read-only replica)
     publish_max_defer_s KVPACK_PUBLISH_MAX_DEFER  the longest a durable cut waits for its

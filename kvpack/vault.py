@@ -249,17 +249,19 @@ class Vault:
         chunks = self.chunks(namespace)
         self.run(chunks.warm(size, probe_key=READY_PROBE_KEY), READY_PROBE_TIMEOUT_S)
 
-    def preload(self, budget: int) -> tuple[int, int]:
+    def preload(self, budget: int, seconds: float) -> tuple[int, int]:
         """The chunks of the most recently used cuts, up to `budget` bytes, read into the
         page cache from a store that keeps them in files on this machine (a local
         directory): a restarted server's first durable hits then read memory, not the
-        disk (kvpack/service/warm.py). (chunks, bytes) read; (0, 0) from another store,
-        whose cache is its own. Blocks on the disk."""
+        disk (kvpack/service/warm.py). No chunk is started after `seconds`. (chunks,
+        bytes) read; (0, 0) from another store, whose cache is its own."""
         preload = getattr(self.objects, "preload", None)
         if preload is None or budget <= 0:
             return 0, 0
+        until = time.monotonic() + seconds
         chunks = self.read(lambda s: queries.recent_chunks(session=s, budget=budget))
-        return preload(ChunkStore.key(ChunkId.from_hex(chunk)) for chunk, _ in chunks)
+        keys = (ChunkStore.key(ChunkId.from_hex(chunk)) for chunk, _ in chunks)
+        return preload(keys, until=until)
 
     def read_cut(self, cut: Cut, scope: Scope) -> ChunkReading:
         """The cut's manifest opened and verified as open_cut does, and its chunks on

@@ -18,15 +18,15 @@ the server reports ready.
   mapped, not read: the opener threads, each mapping that key once, and no scratch
   buffer.
 - cache: the chunks of the most recently used cuts (last hit, else published), up to the
-  `preload` setting's bytes (1 GiB by default), read into the page cache from a local
-  directory store (Vault.preload), as PostgreSQL's autoprewarm does for its buffers: the
-  first hits after a restart or a reboot then read memory, and each page has been
-  touched once (cas/local.py). Measured on a development VM (demo model, 7,936 tokens,
-  the vault's chunk files dropped from the page cache before each of four restarts):
-  without it the first restore read its 366 MB from the disk and took 0.57-0.71 s; with
-  it 0.26-0.34 s, what the second requests took (0.28-0.33 s). The warm start read the
-  vault's 745 MB back in 0.6-1.8 s; 0.1 s when they were still in memory
-  (docs/measurements.md).
+  `preload` setting's bytes (1 GiB by default) and for at most PRELOAD_SECONDS, read
+  into the page cache from a local directory store (Vault.preload), as PostgreSQL's
+  autoprewarm does for its buffers: the first hits after a restart or a reboot then read
+  memory, and each page has been touched once (cas/local.py). Measured on a development
+  VM (demo model, 7,936 tokens, the vault's chunk files dropped from the page cache
+  before each of four restarts): without it the first restore read its 366 MB from the
+  disk and took 0.57-0.71 s; with it 0.26-0.34 s, what the second requests took
+  (0.28-0.33 s). The warm start read the vault's 745 MB back in 0.6-1.8 s; 0.1 s when
+  they were still in memory (docs/measurements.md).
 - catalog: one trivial query and one find_deepest through the vault's Reader: a pooled
   connection, and the lookup's statement path taken once; and a hit's stamp of a cut
   that does not exist, the write every durable hit makes on the background worker.
@@ -72,6 +72,9 @@ from kvpack.vault import Vault
 
 log = logging.getLogger(__name__)
 WARM_TOKENS = 8  # a short prefill: the first forward's setup, not a real prompt's cost
+# The most the cache phase reads for: a slow disk (a few hundred MB/s, or a network
+# volume) delays readiness by this much at most, whatever the preload setting.
+PRELOAD_SECONDS = 10.0
 
 
 def warm(service: Service) -> dict[str, float]:
@@ -111,7 +114,7 @@ def _store(vault: Vault, namespace: str, size: int) -> None:
 
 
 def _preload(vault: Vault, budget: int) -> None:
-    chunks, size = vault.preload(budget)
+    chunks, size = vault.preload(budget, PRELOAD_SECONDS)
     if chunks:
         log.info("warm start: %d chunks of recently used cuts (%d MiB) read into memory",
                  chunks, size >> 20)  # fmt: skip

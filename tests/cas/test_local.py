@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
@@ -190,11 +191,14 @@ def test_open_mapped_raises_only_once_every_open_has_ended(tmp_path, keyring, ai
 
 def test_preload_reads_the_files_into_the_page_cache(tmp_path):
     """Each object's file, its pages dropped from the page cache, is all in it again after
-    preload, and counted; a missing key is skipped, not an error."""
+    preload, and counted; a missing key is skipped, not an error; past its deadline it
+    starts no file."""
     store = LocalDirStore(tmp_path)
     sizes = {"chunks/aa/one": 3 << 20, "chunks/bb/two": 5000}
     for key, size in sizes.items():
         asyncio.run(store.put_if_absent(key, os.urandom(size)))
     paths = evicted(tmp_path / key for key in sizes)
+    assert store.preload(sizes, until=time.monotonic() - 1) == (0, 0)
+    assert [resident(p) for p in paths] == [0, 0]
     assert store.preload([*sizes, "chunks/cc/missing"]) == (2, sum(sizes.values()))
     assert [resident(p) for p in paths] == [pages(p) for p in paths]

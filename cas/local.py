@@ -37,8 +37,8 @@ from cas.store import ObjectInfo
 
 TEMP_PREFIX = ".tmp-"
 # Every page mapped in the one call (Linux), not faulted in one by one as the open reads.
-MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-POPULATES = hasattr(mmap, "MAP_POPULATE")
+POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # 0 where there is none (macOS)
+MAP_FLAGS = mmap.MAP_SHARED | POPULATE
 
 
 class Mapped:
@@ -119,7 +119,7 @@ class LocalDirStore:
             except ObjectMissing:
                 continue
             with mapped:
-                if not POPULATES:  # macOS: read ahead, not page by page as they are touched
+                if not POPULATE:  # read ahead, not page by page as they are touched
                     mapped.advise_willneed()
                 _touch(mapped.view)
                 count, size = count + 1, size + mapped.view.nbytes
@@ -217,7 +217,8 @@ def _touch(view: memoryview) -> None:
     took up to 0.94 s (median 0.62 s over 13 restarts; its AES-GCM stalled on loads from
     the mapped file, 83% of that function's samples on one load); with each page touched
     here, 0.26-0.34 s, what the requests after it took (docs/measurements.md). Likely
-    the hypervisor mapping the VM's memory on its first access; not verified."""
+    the cost engine/memory.py measured for pages the VM had handed back to its host;
+    not verified."""
     bytes(view[:: mmap.PAGESIZE])
 
 

@@ -5,10 +5,11 @@ that print them.
   restore measurement (kvpack/service/restores.py) the restore seconds, bytes restored,
   MB/s (10^6 bytes) and the peak RSS added; beside them, from the same run, the
   baselines of the same bytes or state: the floor (cas/floor.py) and, on S3, a raw
-  aiobotocore GET (kvpack/bench/probe.py) — each as seconds and as the fraction of the
-  baseline's rate the restore reached (baseline seconds / restore seconds, so only for
-  a restore of exactly the baseline's bytes) — and mlx-lm's `load_prompt_cache` + one
-  step for the prompt's state, with TTFT / that.
+  aiobotocore GET of the leg's own cut, timed just before its server started
+  (kvpack/bench/probe.py) — each as seconds and as the fraction of the baseline's rate
+  the restore reached (baseline seconds / restore seconds, so only for a restore of
+  exactly the baseline's bytes) — and mlx-lm's `load_prompt_cache` + one step for the
+  prompt's state, with TTFT / that.
 - targets: ratios with a bound and met (True), missed (False) or not judged (None: an
   input is missing, e.g. an invalid leg):
   durable restore rate, on the slower of the first restart's two legs, >= 0.5 x the
@@ -72,7 +73,7 @@ def leg_figures(name: str, leg: Mapping[str, Any], baseline: Mapping[str, Any]) 
     record = restore_of(leg) if leg.get("valid") else None
     seconds = record["seconds"] if record else None
     nbytes = record["bytes"] if record else None
-    floor, s3_get = baseline.get("floor"), (baseline.get("export") or {}).get("s3_get")
+    floor, s3_get = baseline.get("floor"), leg.get("s3_get")
     mlx = (baseline.get("mlx_lm") or {}).get("seconds")
 
     def beside(base: Mapping[str, Any] | None, same_bytes: int | None) -> tuple[Any, Any]:
@@ -82,9 +83,8 @@ def leg_figures(name: str, leg: Mapping[str, Any], baseline: Mapping[str, Any]) 
         same = nbytes == same_bytes
         return base["seconds"], _ratio(base["seconds"], seconds) if same else None
 
-    cut_bytes = (baseline.get("export") or {}).get("cut_bytes")
     floor_s, floor_x = beside(floor, floor and floor["bytes"])
-    get_s, get_x = beside(s3_get, cut_bytes)
+    get_s, get_x = beside(s3_get, s3_get and s3_get["cut_bytes"])
     ttft = leg.get("ttft_s") if leg.get("valid") else None
     times = (leg.get("token_times_s") or []) if leg.get("valid") else []
     on_a = base_leg(name) in PROMPT_A_LEGS

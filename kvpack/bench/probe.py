@@ -1,18 +1,22 @@
-"""The bench's baselines for one cut, each in a fresh process after the servers stopped
-(`python -m kvpack.bench.probe export|mlx-lm`, the request a JSON object on stdin, the
-answer one JSON line on stdout).
+"""The bench's baselines for one cut, each in a fresh process while no server runs
+(`python -m kvpack.bench.probe export|mlx-lm|s3-get`, the request a JSON object on stdin,
+the answer one JSON line on stdout).
 
 - export: open the vault as `kvpack serve` did (the same settings), take
   the state of `tokens` through kvpack's own API (`VaultClient.prompt_cache`: mlx-lm
   cache objects) and save it with mlx-lm's `save_prompt_cache`; report the cut's parts
-  (plaintext sizes: what the floor is measured for) and, on an S3 store, a raw GET: the
-  same chunk objects fetched with aiobotocore (no seal, no verify), as many in flight as
-  the store allows, best of `repeats` passes, the client made before the clock starts.
-- measure_baseline: both probes, then the floor (cas/floor.py) of the cut's part sizes,
-  in the bench's own process.
+  (plaintext sizes: what the floor is measured for) and the kind of store.
+- measure_baseline: export and mlx-lm, then the floor (cas/floor.py) of the cut's part
+  sizes, in the bench's own process.
 - mlx-lm: load the model, then time `load_prompt_cache` of that file plus one decode step
   (the cut's first generated token through the model, evaluated) — what an mlx-lm user
   pays to resume the same state; `repeats` runs, each loading the file again.
+- s3-get (measure_gets): on an S3 store, for each named prompt, a raw GET of its cut's
+  chunk objects: fetched with aiobotocore (no seal, no verify), as many in flight as the
+  store allows, best of `repeats` passes, the client made before the clock starts. The
+  bench takes it just before each restarted server starts, for the two prompts that
+  server's durable legs restore: each restore is judged against a GET of its own bytes,
+  from the store as it was then, minutes apart and not after the whole run.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +75,7 @@ def measure_baseline(
     timeout_s: float,
 ) -> dict[str, Any]:
     """The baselines for the state of `tokens` in the vault that `kvpack serve`'s storage
-    flags `vault_argv` name (its servers stopped): export (parts, S3 raw GET), mlx-lm's
+    flags `vault_argv` name (its servers stopped): export (parts, kind of store), mlx-lm's
     load + one step, and the floor of the cut's part sizes on `work_dir`'s file system.
     A failed probe is `error`."""
     from cas.floor import measure_floor
@@ -79,7 +83,7 @@ def measure_baseline(
     out: dict[str, Any] = {"export": None, "mlx_lm": None, "floor": None, "error": None}
     cache = str(work_dir / "baseline.safetensors")
     export = {"settings": vault_settings(vault_argv), "model": model, "tokens": list(tokens),
-              "cache": cache, "repeats": REPEATS}  # fmt: skip
+              "cache": cache}  # fmt: skip
     try:
         out["export"] = found = _probe(python, "export", export, timeout_s)
         step = {"model": model, "cache": cache, "token": found["first_token"],
@@ -92,6 +96,26 @@ def measure_baseline(
     out["floor"] = {"bytes": floor.bytes, "seconds": floor.seconds, "read_s": floor.read_s,
                     "open_s": floor.open_s, "hash_s": floor.hash_s}  # fmt: skip
     return out
+
+
+def measure_gets(
+    *,
+    python: str,
+    model: str,
+    vault_argv: Sequence[str],
+    cuts: Mapping[str, Sequence[int]],
+    timeout_s: float,
+) -> dict[str, Any]:
+    """The s3-get probe for the cuts of `cuts` (name: prompt tokens) in the vault that
+    `kvpack serve`'s storage flags `vault_argv` name, no server running: each name's raw
+    GET, and `error` (None, or why the probe failed)."""
+    request = {"settings": vault_settings(vault_argv), "model": model,
+               "cuts": {name: list(tokens) for name, tokens in cuts.items()},
+               "repeats": REPEATS}  # fmt: skip
+    try:
+        return {**_probe(python, "s3-get", request, timeout_s), "error": None}
+    except ProbeFailed as e:
+        return {"error": str(e)}
 
 
 async def raw_get(config: Any, keys: Sequence[str], *, repeats: int = REPEATS) -> dict[str, Any]:
@@ -132,7 +156,6 @@ def export(request: dict[str, Any]) -> dict[str, Any]:
     from mlx_lm.models.cache import save_prompt_cache
 
     import kvpack
-    from cas.chunks import ChunkStore
     from cas.s3 import S3Store
     from kvpack.config import Settings
 
@@ -155,15 +178,34 @@ def export(request: dict[str, Any]) -> dict[str, Any]:
             "tier": restored.tier, "depth": restored.depth, "first_token": first,
             "restore_seconds": restored.restore_seconds, "cut_bytes": cut.bytes,
             "part_sizes": [p.size for p in parts], "cache_file": cache,
-            "cache_file_bytes": Path(cache).stat().st_size, "s3_get": None,
-            "catalog": vault.db.dialect.name,
+            "cache_file_bytes": Path(cache).stat().st_size, "catalog": vault.db.dialect.name,
         }  # fmt: skip
-        store = vault.objects
-        out["store"] = "s3" if isinstance(store, S3Store) else "local"
-        if isinstance(store, S3Store):
-            prefix = store.config.key_prefix
-            keys = [prefix + ChunkStore.key(p.chunk_id) for p in parts]
-            out["s3_get"] = asyncio.run(raw_get(store.config, keys, repeats=request["repeats"]))
+        out["store"] = "s3" if isinstance(vault.objects, S3Store) else "local"
+    return out
+
+
+def s3_get(request: dict[str, Any]) -> dict[str, Any]:
+    import kvpack
+    from cas.chunks import ChunkStore
+    from cas.s3 import S3Store
+    from kvpack.config import Settings
+
+    out: dict[str, Any] = {}
+    with kvpack.open(settings=Settings.load(**request["settings"])) as client:
+        model = client.model(request["model"])
+        scope = model.service.tenant(client.namespace).scope
+        vault, store = client.vault, client.vault.objects
+        if not isinstance(store, S3Store):
+            raise SystemExit(f"{store!r} is not an S3 store: there is no GET to time")
+        for name, tokens in request["cuts"].items():
+            cut = vault.find(scope, scope.chain(tokens))
+            if cut is None or cut.depth != len(tokens):
+                held = 0 if cut is None else cut.depth
+                raise SystemExit(f"the vault holds {held} of the {len(tokens)} tokens of {name}")
+            parts = vault.open_cut(cut, scope).manifest.parts  # the ids, no chunk read
+            keys = [store.config.key_prefix + ChunkStore.key(p.chunk_id) for p in parts]
+            got = asyncio.run(raw_get(store.config, keys, repeats=request["repeats"]))
+            out[name] = {**got, "cut_bytes": cut.bytes}
     return out
 
 
@@ -184,7 +226,7 @@ def mlx_lm(request: dict[str, Any]) -> dict[str, Any]:
     return {"first_s": runs[0], "seconds": min(runs), "runs_s": runs}
 
 
-PROBES = {"export": export, "mlx-lm": mlx_lm}
+PROBES = {"export": export, "mlx-lm": mlx_lm, "s3-get": s3_get}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

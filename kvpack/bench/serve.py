@@ -23,9 +23,16 @@ saw it, and on a restarted one.
   Before each leg the bench waits for the server's publication queue to drain
   (GET /healthz), recorded as `publication_before`.
 - baselines: after the restarted server stopped, the first prompt's state through
-  kvpack's API saved as an mlx-lm prompt cache, mlx-lm's load + one step, the floor of
-  the cut's bytes and on S3 a raw GET of them (kvpack/bench/probe.py); the figures and
-  targets are kvpack/bench/figures.py's, filled by `judge`.
+  kvpack's API saved as an mlx-lm prompt cache, mlx-lm's load + one step, and the floor
+  of the cut's bytes; on S3, before each restarted server starts, a raw GET of the cut
+  each of its durable legs restores (`s3_get` on the leg; kvpack/bench/probe.py). So a
+  restore and its GET read the store in the same state, and the VM's speed is sampled
+  minutes apart, not a run apart: measured on a VM whose page cache had dropped
+  SeaweedFS's files during the cold legs' prefills, a first restart's restores of 7,936
+  tokens took 0.61 s with SeaweedFS spending 0.69 CPU-seconds, the later ones 0.37-0.46 s
+  with 0.36-0.46, and a GET timed after the whole run read warm files
+  (docs/measurements.md). The figures and targets are kvpack/bench/figures.py's, filled
+  by `judge`.
 - valid leg: answered 200 and finished (finish reason, kvpack object, [DONE]) within its
   timeout, which grows with the depth. An invalid leg is never a correctness result:
   `outputs_match` compares cold and warm, `outputs_match_durable` cold and durable,
@@ -62,9 +69,10 @@ from kvpack.bench.figures import (
     num,
     restart_legs,
 )
-from kvpack.bench.probe import measure_baseline
+from kvpack.bench.probe import measure_baseline, measure_gets, vault_settings
+from kvpack.config import Settings
 
-RECEIPT_VERSION = 2
+RECEIPT_VERSION = 3
 LEGS = ("cold", "warm", "miss", "second", "durable", "durable_second")
 FIRST_SERVER_LEGS = ("cold", "warm", "miss", "second")
 PROMPT_OF = {"cold": "cold", "warm": "cold", "miss": "miss", "second": "second",
@@ -494,24 +502,33 @@ def run_attempt(
                ("restarted_server", "serve-restarted.log", restart_legs(1))]  # fmt: skip
     servers += [(f"restarted_server@{r}", f"serve-restarted-{r}.log", restart_legs(r))
                 for r in range(2, plan.restarts + 1)]  # fmt: skip
+    storage: dict[str, Any] = vault_settings(vault_argv)
+    on_s3 = Settings.load(**storage).store_url.is_s3
+    probe_timeout_s = plan.startup_timeout_s + plan.leg_timeout(depth)
     try:
         for key, log, names in servers:
+            gets = None
+            if on_s3 and key != "server":  # each durable leg's own GET, just before it
+                cuts = {name: prompts[PROMPT_OF[base_leg(name)]] for name in names}
+                gets = measure_gets(python=plan.python, model=plan.model, vault_argv=vault_argv,
+                                    cuts=cuts, timeout_s=probe_timeout_s)  # fmt: skip
+                receipt[key] = {"s3_get_error": gets.pop("error")}
             server = ServerProcess(argv, data_dir / log, plan.startup_timeout_s)
             receipt[key] = {**receipt.get(key, {}), "log": str(server.log_path)}
             with server:
                 receipt[key].update(server.record())
                 for name in names:
                     tokens = prompts[PROMPT_OF[base_leg(name)]]
-                    receipt["legs"][name] = run_leg(
-                        server.url, name, tokens, model=plan.model_name,
-                        max_tokens=plan.max_tokens,
-                        timeout_s=plan.leg_timeout(len(tokens)),
-                    )  # fmt: skip
+                    leg = run_leg(server.url, name, tokens, model=plan.model_name,
+                                  max_tokens=plan.max_tokens,
+                                  timeout_s=plan.leg_timeout(len(tokens)))  # fmt: skip
+                    if gets is not None:
+                        leg["s3_get"] = gets.get(name)
+                    receipt["legs"][name] = leg
             receipt[key]["exit_code"] = server.exit_code
         receipt["baseline"] = measure_baseline(
             python=plan.python, model=plan.model, vault_argv=vault_argv,
-            tokens=prompts["cold"], work_dir=data_dir,
-            timeout_s=plan.startup_timeout_s + plan.leg_timeout(depth),
+            tokens=prompts["cold"], work_dir=data_dir, timeout_s=probe_timeout_s,
         )  # fmt: skip
     except BenchError as e:
         receipt["server_error"] = str(e)

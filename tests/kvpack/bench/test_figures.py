@@ -49,9 +49,12 @@ def attempt(rng: random.Random, *, store: str) -> dict:
         "durable_second": leg("durable", rng.uniform(0.05, 0.3),
                               record("durable", rng.uniform(0.02, 0.2), cut, 0)),
     }  # fmt: skip
-    s3_get = {"seconds": rng.uniform(0.01, 0.2), "bytes": cut + 4096} if store == "s3" else None
+    if store == "s3":  # each durable leg's own GET, of its cut's sealed chunks
+        for name in ("durable", "durable_second"):
+            legs[name]["s3_get"] = {"seconds": rng.uniform(0.01, 0.2), "bytes": cut + 4096,
+                                    "cut_bytes": cut}  # fmt: skip
     baseline = {
-        "export": {"store": store, "cut_bytes": cut, "s3_get": s3_get},
+        "export": {"store": store, "cut_bytes": cut},
         "floor": {"bytes": cut, "seconds": rng.uniform(0.01, 0.1)},
         "mlx_lm": {"seconds": rng.uniform(0.05, 0.2)},
         "error": None,
@@ -112,18 +115,28 @@ def test_figures_and_targets_on_a_local_store_follow_from_the_inputs(seed):
                f"{verdict}" in text  # fmt: skip
 
 
-def test_on_s3_the_rate_is_judged_against_the_raw_get_and_ttft_has_the_s3_bound():
+def test_on_s3_each_restore_is_judged_against_its_own_raw_get_and_ttft_has_the_s3_bound():
     receipt = attempt(random.Random(7), store="s3")
     judge_figures(receipt, LEGS)
-    fig, base = receipt["figures"]["durable"], receipt["baseline"]
-    get_x = base["export"]["s3_get"]["seconds"] / fig["restore_s"]
-    assert fig["s3_get_fraction"] == pytest.approx(get_x)
-    get_x2 = base["export"]["s3_get"]["seconds"] / receipt["figures"]["durable_second"]["restore_s"]
+    legs, figs = receipt["legs"], receipt["figures"]
+    get_x, get_x2 = (legs[n]["s3_get"]["seconds"] / figs[n]["restore_s"]
+                     for n in ("durable", "durable_second"))  # fmt: skip
+    assert figs["durable"]["s3_get_s"] == legs["durable"]["s3_get"]["seconds"]
+    assert figs["durable"]["s3_get_fraction"] == pytest.approx(get_x)
+    assert figs["durable_second"]["s3_get_fraction"] == pytest.approx(get_x2)
     targets = by_name(receipt)
     rate = targets["durable restore rate / raw S3 GET (slower leg)"]
     assert rate["value"] == pytest.approx(min(get_x, get_x2)) and rate["bound"] == 0.7
     assert targets["durable TTFT / mlx-lm (s3)"]["bound"] == 2.0
     assert "durable restore rate / floor (slower leg)" not in targets
+    # A GET of other bytes than the restore's is shown but gives no fraction.
+    receipt = attempt(random.Random(8), store="s3")
+    receipt["legs"]["durable_second"]["s3_get"]["cut_bytes"] += 1
+    judge_figures(receipt, LEGS)
+    second = receipt["figures"]["durable_second"]
+    assert second["s3_get_s"] is not None and second["s3_get_fraction"] is None
+    rate = by_name(receipt)["durable restore rate / raw S3 GET (slower leg)"]
+    assert rate["value"] == pytest.approx(receipt["figures"]["durable"]["s3_get_fraction"])
 
 
 def test_a_missing_input_is_not_judged_and_other_bytes_get_no_fraction():

@@ -25,14 +25,12 @@ saw it, and on a restarted one.
 - baselines: after the restarted server stopped, the first prompt's state through
   kvpack's API saved as an mlx-lm prompt cache, mlx-lm's load + one step, and the floor
   of the cut's bytes; on S3, before each restarted server starts, a raw GET of the cut
-  each of its durable legs restores (`s3_get` on the leg; kvpack/bench/probe.py). So a
-  restore and its GET read the store in the same state, and the VM's speed is sampled
-  minutes apart, not a run apart: measured on a VM whose page cache had dropped
-  SeaweedFS's files during the cold legs' prefills, a first restart's restores of 7,936
-  tokens took 0.61 s with SeaweedFS spending 0.69 CPU-seconds, the later ones 0.37-0.46 s
-  with 0.36-0.46, and a GET timed after the whole run read warm files
-  (docs/measurements.md). The figures and targets are kvpack/bench/figures.py's, filled
-  by `judge`.
+  each of its durable legs restores (`s3_get` on the leg; kvpack/bench/probe.py), so a
+  restore and its GET read the store in the same state and within a minute. One GET
+  after the whole run read files the restores had just brought back into the S3
+  server's page cache, and judged restores against the VM's speed ten minutes later
+  (docs/measurements.md, *each durable leg judged against a GET of its own cut*). The
+  figures and targets are kvpack/bench/figures.py's, filled by `judge`.
 - valid leg: answered 200 and finished (finish reason, kvpack object, [DONE]) within its
   timeout, which grows with the depth. An invalid leg is never a correctness result:
   `outputs_match` compares cold and warm, `outputs_match_durable` cold and durable,

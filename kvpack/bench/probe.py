@@ -177,6 +177,7 @@ def export(request: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {
             "tier": restored.tier, "depth": restored.depth, "first_token": first,
             "restore_seconds": restored.restore_seconds, "cut_bytes": cut.bytes,
+            "manifest": cut.manifest_id.hex,
             "part_sizes": [p.size for p in parts], "cache_file": cache,
             "cache_file_bytes": Path(cache).stat().st_size, "catalog": vault.db.dialect.name,
         }  # fmt: skip
@@ -205,7 +206,7 @@ def s3_get(request: dict[str, Any]) -> dict[str, Any]:
             parts = vault.open_cut(cut, scope).manifest.parts  # the ids, no chunk read
             keys = [store.config.key_prefix + ChunkStore.key(p.chunk_id) for p in parts]
             got = asyncio.run(raw_get(store.config, keys, repeats=request["repeats"]))
-            out[name] = {**got, "cut_bytes": cut.bytes}
+            out[name] = {**got, "cut_bytes": cut.bytes, "manifest": cut.manifest_id.hex}
     return out
 
 

@@ -206,10 +206,12 @@ def test_bench_against_shared_s3_and_postgres(tmp_path, s3_server, s3_bucket, db
         assert baseline["error"] is None and export["store"] == "s3"
         assert export["catalog"] == "postgresql"
         # Each durable leg carries a raw GET of its own cut's sealed chunk objects, timed
-        # before the restarted server started.
+        # before the restarted server started: the first prompt's cut is the export's.
         assert receipt["restarted_server"]["s3_get_error"] is None
-        for name in ("durable", "durable_second"):
-            got, fig = receipt["legs"][name]["s3_get"], receipt["figures"][name]
+        gets = [receipt["legs"][name]["s3_get"] for name in ("durable", "durable_second")]
+        assert gets[0]["manifest"] == export["manifest"] != gets[1]["manifest"]
+        for name, got in zip(("durable", "durable_second"), gets, strict=True):
+            fig = receipt["figures"][name]
             assert got["objects"] == len(export["part_sizes"])
             assert got["cut_bytes"] == export["cut_bytes"] == fig["bytes"]
             assert got["bytes"] > got["cut_bytes"]  # sealed: headers and tags

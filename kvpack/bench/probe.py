@@ -169,11 +169,8 @@ def export(request: dict[str, Any]) -> dict[str, Any]:
                              f"({restored.tier}), logits witnessed: {witnessed}")  # fmt: skip
         save_prompt_cache(cache, restored.caches)
         first = mx.argmax(restored.logits).item()
-        scope = model.service.tenant(client.namespace).scope
         vault = client.vault
-        cut = vault.find(scope, scope.chain(tokens))
-        assert cut is not None and cut.depth == len(tokens)
-        parts = vault.open_cut(cut, scope).manifest.parts  # the sizes and ids, no chunk read
+        cut, parts = _exact_cut(client, model, tokens, "the prompt")
         out: dict[str, Any] = {
             "tier": restored.tier, "depth": restored.depth, "first_token": first,
             "restore_seconds": restored.restore_seconds, "cut_bytes": cut.bytes,
@@ -193,21 +190,26 @@ def s3_get(request: dict[str, Any]) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     with kvpack.open(settings=Settings.load(**request["settings"])) as client:
-        model = client.model(request["model"])
-        scope = model.service.tenant(client.namespace).scope
-        vault, store = client.vault, client.vault.objects
+        model, store = client.model(request["model"]), client.vault.objects
         if not isinstance(store, S3Store):
             raise SystemExit(f"{store!r} is not an S3 store: there is no GET to time")
         for name, tokens in request["cuts"].items():
-            cut = vault.find(scope, scope.chain(tokens))
-            if cut is None or cut.depth != len(tokens):
-                held = 0 if cut is None else cut.depth
-                raise SystemExit(f"the vault holds {held} of the {len(tokens)} tokens of {name}")
-            parts = vault.open_cut(cut, scope).manifest.parts  # the ids, no chunk read
+            cut, parts = _exact_cut(client, model, tokens, name)
             keys = [store.config.key_prefix + ChunkStore.key(p.chunk_id) for p in parts]
             got = asyncio.run(raw_get(store.config, keys, repeats=request["repeats"]))
             out[name] = {**got, "cut_bytes": cut.bytes, "manifest": cut.manifest_id.hex}
     return out
+
+
+def _exact_cut(client: Any, model: Any, tokens: Sequence[int], name: str) -> tuple[Any, Any]:
+    """The vault's cut of exactly `tokens` and its manifest's parts (sizes and chunk ids;
+    no chunk is read); SystemExit naming `name` when the vault holds less."""
+    scope = model.service.tenant(client.namespace).scope
+    cut = client.vault.find(scope, scope.chain(tokens))
+    if cut is None or cut.depth != len(tokens):
+        held = 0 if cut is None else cut.depth
+        raise SystemExit(f"the vault holds {held} of the {len(tokens)} tokens of {name}")
+    return cut, client.vault.open_cut(cut, scope).manifest.parts
 
 
 def mlx_lm(request: dict[str, Any]) -> dict[str, Any]:

@@ -8,13 +8,18 @@
   without a success in between, the window doubles, up to `max_backoff_s`.
 - half-open: after the window one call goes through as the probe (the others are still
   refused); its success closes the breaker, its failure opens it again. A probe that
-  never reports (its caller was cancelled) is replaced after another window.
+  never reports (its caller was cancelled) is replaced after another window. `admit`
+  tells a call it is the probe, so that a caller able to (the object store's door,
+  cas/s3.py) lets the probe's answer reach the breaker even once nobody waits for it:
+  a probe cancelled because a sibling call was refused would otherwise keep the
+  breaker open for as long as calls come in pairs.
 
 Thread-safe: the object store calls it from its event loop, the catalog from threads.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 import threading
 import time
@@ -26,6 +31,12 @@ State = Literal["closed", "open", "half-open"]
 DEFAULT_THRESHOLD = 3
 DEFAULT_BACKOFF_S = 5.0
 DEFAULT_MAX_BACKOFF_S = 60.0
+
+
+class Admission(enum.Enum):
+    REFUSED = "refused"
+    CALL = "call"  # the breaker is closed
+    PROBE = "probe"  # the one call of a half-open breaker
 
 
 @dataclass(frozen=True)
@@ -72,16 +83,20 @@ class Breaker:
 
     def allow(self) -> bool:
         """Whether a call may go now (False: refuse it without calling)."""
+        return self.admit() is not Admission.REFUSED
+
+    def admit(self) -> Admission:
+        """allow(), telling a call that may go whether it is the probe."""
         with self._lock:
             if self._open_until is None:
-                return True
+                return Admission.CALL
             now = self._clock()
             probing = self._probe_until is not None and now < self._probe_until
             if now < self._open_until or probing:
                 self.skipped += 1
-                return False
+                return Admission.REFUSED
             self._probe_until = now + self._window  # this call is the probe
-            return True
+            return Admission.PROBE
 
     def success(self) -> None:
         with self._lock:

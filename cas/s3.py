@@ -45,6 +45,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from datetime import UTC
+from functools import partial
 from typing import Any, TypeVar
 
 import aiohttp
@@ -53,7 +54,13 @@ from aiobotocore.session import get_session
 from botocore import exceptions as bx
 from botocore.config import Config
 
-from cas.breaker import DEFAULT_BACKOFF_S, DEFAULT_MAX_BACKOFF_S, DEFAULT_THRESHOLD, Breaker
+from cas.breaker import (
+    DEFAULT_BACKOFF_S,
+    DEFAULT_MAX_BACKOFF_S,
+    DEFAULT_THRESHOLD,
+    Admission,
+    Breaker,
+)
 from cas.buffers import Landed
 from cas.errors import ObjectMissing, ObjectTooLarge, StoreRejected, StoreUnavailable
 from cas.s3_get import DirectGet
@@ -381,7 +388,8 @@ class S3Store:
         cfg = self.config
         last: BaseException | None = None
         for attempt in range(1, cfg.max_attempts + 1):
-            if not self.breaker.allow():
+            admission = self.breaker.admit()
+            if admission is Admission.REFUSED:
                 state = self.breaker.state()
                 cause = (
                     f"circuit open after {state.failures} failed attempts; next probe in "
@@ -389,21 +397,21 @@ class S3Store:
                 )
                 raise StoreUnavailable(op, key, cause) from last
             conn = await self._connection()
+            sent = asyncio.ensure_future(_sent(conn, request))
+            sent.add_done_callback(partial(self._answered, op, key))
             try:
-                async with conn.slots:
-                    result = await request(conn.client)
+                # The probe runs on when its caller stops waiting (cas/breaker.py).
+                probe = admission is Admission.PROBE
+                result = await (asyncio.shield(sent) if probe else sent)
             except bx.ClientError as e:
                 verdict = translate(op, key, e)
                 if verdict is not None:
-                    self.breaker.success()  # the store answered
                     raise verdict from e
                 last = e
             except RETRYABLE_ERRORS as e:
                 last = e
             else:
-                self.breaker.success()
                 return result
-            self.breaker.failure()
             if attempt < cfg.max_attempts:
                 delay = min(cfg.max_backoff_s, cfg.backoff_s * 2 ** (attempt - 1))
                 delay *= random.uniform(0.5, 1.0)
@@ -415,6 +423,21 @@ class S3Store:
         log.error("s3 %s %s: giving up after %d attempts", op, key, cfg.max_attempts)
         assert last is not None
         raise StoreUnavailable(op, key, _describe(last)) from last
+
+    def _answered(self, op: str, key: str, sent: asyncio.Future[Any]) -> None:
+        """A call's end, told to the breaker before its caller sees it: a transport
+        failure is a failure, any other end an answer (a verdict, a body too large, a
+        read its reader stopped); a cancelled call tells nothing."""
+        if sent.cancelled():
+            return
+        e = sent.exception()
+        failed = isinstance(e, RETRYABLE_ERRORS) or (
+            isinstance(e, bx.ClientError) and translate(op, key, e) is None
+        )
+        if failed:
+            self.breaker.failure()
+        else:
+            self.breaker.success()
 
     # -- ObjectStore ------------------------------------------------------------------
 
@@ -503,6 +526,11 @@ def _message(e: bx.ClientError) -> str:
     message = str(e.response.get("Error", {}).get("Message", "")) or str(e)
     request = _request_id(e)
     return f"{message} (request {request})" if request else message
+
+
+async def _sent(conn: _Connection, request: Callable[[Any], Awaitable[T]]) -> T:
+    async with conn.slots:
+        return await request(conn.client)
 
 
 def _describe(e: BaseException | None) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cas.breaker import Breaker
+from cas.breaker import Admission, Breaker
 
 
 class Clock:
@@ -37,10 +37,11 @@ def test_after_the_window_one_probe_goes_and_its_success_closes(clock):
     b.failure()
     clock.now += 5
     assert b.state().state == "half-open"
-    assert b.allow()  # the probe
+    assert b.admit() is Admission.PROBE  # the probe, told so
     assert not b.allow()  # everyone else waits for its answer
+    assert b.admit() is Admission.REFUSED
     b.success()
-    assert b.allow() and b.state().up
+    assert b.allow() and b.state().up and b.admit() is Admission.CALL
 
 
 def test_a_failed_probe_reopens_with_a_doubled_window_up_to_the_cap(clock):

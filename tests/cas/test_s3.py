@@ -154,6 +154,41 @@ def test_an_open_breaker_fails_calls_at_once_until_a_probe_is_answered(s3_config
         aio.run(store.aclose())
 
 
+def test_a_probe_whose_caller_stops_waiting_still_closes_the_breaker(s3_config, aio):
+    """The probe runs on when its caller is cancelled (a restore whose sibling chunk read
+    was refused cancels it) and its answer closes the breaker; before, such a probe never
+    reported, and calls in pairs kept the breaker open."""
+    store, held = flaky_store(
+        s3_config, "get_object_bytes", 1, connection_error, max_attempts=1, breaker_threshold=1,
+        breaker_backoff_s=0.2,
+    )  # fmt: skip
+
+    async def cancelled_probe() -> None:
+        probe = asyncio.ensure_future(store.get("p/1"))
+        await asyncio.sleep(0)  # the probe has been admitted and sent
+        with pytest.raises(StoreUnavailable, match="circuit open"):
+            await store.get("p/1")  # a sibling, refused while the probe is out
+        probe.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await probe
+        for _ in range(200):  # the probe's answer arrives after its caller left
+            if store.breaker.state().up:
+                return
+            await asyncio.sleep(0.01)
+
+    try:
+        aio.run(store.put_if_absent("p/1", b"v"))
+        with pytest.raises(StoreUnavailable):
+            aio.run(store.get("p/1"))  # the one failure: open
+        assert store.breaker.state().state == "open"
+        aio.run(asyncio.sleep(0.25))
+        aio.run(cancelled_probe())
+        assert store.breaker.state().up and held["client"].calls == 2
+        assert aio.run(store.get("p/1")) == b"v"
+    finally:
+        aio.run(store.aclose())
+
+
 @pytest.mark.parametrize("direct", [True, False])
 def test_a_whole_object_is_read_directly_unless_the_direct_get_is_off(s3_config, aio, direct):
     """get (a manifest's read) takes the direct GET where it is on: no GET goes through

@@ -34,7 +34,9 @@ depth, chain, bytes and generation against the row's (open_cut), then every chun
 verified into one buffer (the engine's reader fetches them into its own buffers
 instead: kvpack/vault.py read_cut). Nothing unverified is returned. A manifest object
 that is gone is a verification failure (ManifestMissing), not an outage: its row
-promises it.
+promises it. Given the vault's OpenedManifests (catalog/opened.py), both hold every
+manifest they open or seal, and open one held there without reading it again: the
+object is immutable, and the row is checked against it all the same (check_row).
 
 Generation: a hybrid clock per process (wall-clock nanoseconds, bumped to stay
 strictly increasing); it stays below 2**63-1 until the year 2262 and is refused
@@ -61,6 +63,7 @@ from cas.ids import ChunkId
 from cas.keys import Keyring
 from cas.layout import object_key
 from cas.seal import sealed_size
+from cas.store import ObjectStore
 from catalog import queries
 from catalog.condemn import condemn, kind_of
 from catalog.errors import (
@@ -83,6 +86,7 @@ from catalog.manifest import (
     open_sealed,
     seal_manifest,
 )
+from catalog.opened import OpenedManifests
 from catalog.queries import Cut
 from catalog.scope import Scope
 from catalog.tx import Checkpoint, no_checkpoint, run_tx
@@ -139,6 +143,7 @@ async def publish(
     reclaim_wait_s: float = 10.0,
     checkpoint: Checkpoint | None = None,
     tally: ChunkTally | None = None,
+    opened: OpenedManifests | None = None,
 ) -> Manifest:
     """Publish the cut after `tokens`; the same history published again is the same manifest.
 
@@ -146,7 +151,8 @@ async def publish(
     producer's Ed25519 signature, catalog/signing.py); None leaves it empty.
     `checkpoint(name)` is awaited at "reserved", "chunks_stored", "manifest_stored",
     "committed" and "waiting_for_collector" (tests pause there to interleave).
-    `tally` counts the chunks sealed and the ones already stored.
+    `tally` counts the chunks sealed and the ones already stored. `opened` holds the
+    manifest returned (catalog/opened.py).
     """
     if chunks.namespace != scope.namespace:
         raise ValueError(f"chunk store of {chunks.namespace!r} for scope {scope}")
@@ -161,7 +167,7 @@ async def publish(
     existing = await run_tx(db, lambda s: queries.cut_by_idempotency_key(session=s, key=key))
     if existing is not None:
         try:
-            return (await open_cut(chunks, keyring, existing, identity)).manifest
+            return (await open_cut(chunks.objects, keyring, existing, identity, opened)).manifest
         except (ManifestInvalid, StaleGeneration) as e:
             # A damaged row must not block its history for ever: condemn it, publish anew.
             await condemn(
@@ -239,18 +245,25 @@ async def publish(
             continue
         if winner is None:
             await point("committed")
+            if opened is not None:
+                opened.put(okey, open_sealed(sealed, keyring), len(sealed))
             return manifest
         await chunks.objects.delete(okey)  # nobody else can name this attempt's object
-        return (await open_cut(chunks, keyring, winner, identity)).manifest
+        return (await open_cut(chunks.objects, keyring, winner, identity, opened)).manifest
     raise ChunksBeingCollected([i.hex for i in ids])
 
 
 async def load_cut(
-    *, chunks: ChunkStore, keyring: Keyring, cut: Cut, identity: IdentityDigest
+    *,
+    chunks: ChunkStore,
+    keyring: Keyring,
+    cut: Cut,
+    identity: IdentityDigest,
+    opened: OpenedManifests | None = None,
 ) -> LoadedCut:
     """Fetch and verify a cut: MAC, identity, agreement with its row, then every chunk
     (open_cut, then every chunk into one buffer)."""
-    sealed = await open_cut(chunks, keyring, cut, identity)
+    sealed = await open_cut(chunks.objects, keyring, cut, identity, opened)
     parts = await _in_one_buffer(chunks, sealed.manifest)
     return LoadedCut(sealed.manifest, parts, sealed.signature)
 
@@ -359,33 +372,55 @@ MAX_MANIFEST_BYTES = 16 << 20
 
 
 async def open_cut(
-    chunks: ChunkStore, keyring: Keyring, cut: Cut, identity: IdentityDigest
+    objects: ObjectStore,
+    keyring: Keyring,
+    cut: Cut,
+    identity: IdentityDigest,
+    opened: OpenedManifests | None = None,
 ) -> SealedManifest:
     """The manifest a cut's row names, verified against the row and the asked identity:
     ManifestMissing, ManifestInvalid or StaleGeneration otherwise (`kvpack vault verify`
-    checks every cut with it)."""
-    _asked(cut, identity)
+    checks every cut with it). With `opened`, a manifest held there is not fetched again
+    (catalog/opened.py) and one fetched is held."""
+    _asked(cut, identity)  # before any read
+    held = _held(opened, cut, identity)
+    if held is not None:
+        return held
     try:
-        data = await chunks.objects.get(cut.object_key)
+        data = await objects.get(cut.object_key)
     except ObjectMissing as e:
         raise ManifestMissing(cut.manifest_id, cut.object_key) from e
-    return _checked(data, keyring, cut, identity)
+    return _checked(data, keyring, cut, identity, opened)
 
 
 def open_mapped_cut(
-    chunks: ChunkStore, keyring: Keyring, cut: Cut, identity: IdentityDigest
+    objects: ObjectStore,
+    keyring: Keyring,
+    cut: Cut,
+    identity: IdentityDigest,
+    opened: OpenedManifests | None = None,
 ) -> SealedManifest:
     """open_cut from a store that maps its objects (a local directory), on the calling
     thread: a local file is read without a trip through the event loop and back."""
     _asked(cut, identity)
+    held = _held(opened, cut, identity)
+    if held is not None:
+        return held
     try:
-        with chunks.objects.map(cut.object_key, MAX_MANIFEST_BYTES) as mapped:  # type: ignore[attr-defined]
+        with objects.map(cut.object_key, MAX_MANIFEST_BYTES) as mapped:  # type: ignore[attr-defined]
             data = bytes(mapped.view)
     except ObjectMissing as e:
         raise ManifestMissing(cut.manifest_id, cut.object_key) from e
     except ObjectTooLarge as e:
         raise ManifestInvalid(f"manifest object {cut.object_key} has {e.size} bytes") from e
-    return _checked(data, keyring, cut, identity)
+    return _checked(data, keyring, cut, identity, opened)
+
+
+def _held(
+    opened: OpenedManifests | None, cut: Cut, identity: IdentityDigest
+) -> SealedManifest | None:
+    held = opened.get(cut.object_key) if opened is not None else None
+    return None if held is None else check_row(held, cut, identity)
 
 
 def _asked(cut: Cut, identity: IdentityDigest) -> None:
@@ -393,8 +428,23 @@ def _asked(cut: Cut, identity: IdentityDigest) -> None:
         raise ManifestInvalid(f"cut {cut.manifest_id} is of identity {cut.identity.short}")
 
 
-def _checked(data: bytes, keyring: Keyring, cut: Cut, identity: IdentityDigest) -> SealedManifest:
-    sealed = open_sealed(data, keyring)
+def _checked(
+    data: bytes,
+    keyring: Keyring,
+    cut: Cut,
+    identity: IdentityDigest,
+    opened: OpenedManifests | None,
+) -> SealedManifest:
+    sealed = check_row(open_sealed(data, keyring), cut, identity)
+    if opened is not None:
+        opened.put(cut.object_key, sealed, len(data))
+    return sealed
+
+
+def check_row(sealed: SealedManifest, cut: Cut, identity: IdentityDigest) -> SealedManifest:
+    """`sealed`, a MAC-verified manifest, if it is the one the cut's row describes for the
+    asked identity; ManifestInvalid or StaleGeneration otherwise."""
+    _asked(cut, identity)
     manifest = sealed.manifest
     if manifest.identity != identity:
         raise ManifestInvalid(f"manifest {cut.object_key} is of identity {manifest.identity.short}")

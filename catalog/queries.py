@@ -433,6 +433,17 @@ def least_recently_hit(
     return [(ManifestId.from_hex(r.id), r.object_key) for r in rows]
 
 
+def recent_cuts(*, session: Session, limit: int) -> list[Cut]:
+    """The `limit` most recently used cuts (last hit, else creation), newest first: whose
+    manifests a restarted server opens ahead (kvpack/service/warm.py)."""
+    m = ManifestRow
+    last_use = func.coalesce(m.last_hit_at, m.created_at)
+    rows = session.execute(
+        select(*CUT_COLUMNS).order_by(last_use.desc(), m.created_at.desc(), m.id).limit(limit)
+    )
+    return [Cut.of(row) for row in rows]
+
+
 def recent_chunks(*, session: Session, budget: int, batch: int = 64) -> list[tuple[str, int]]:
     """(chunk id hex, stored bytes) of the most recently used cuts (last hit, else
     creation), newest cut first and each cut's in part order, every chunk once, until the

@@ -265,7 +265,7 @@ async def _manifest_problem(
 ) -> Problem | None:
     key = cut.object_key
     try:
-        sealed = await open_cut(chunks, keyring, cut, cut.identity)
+        sealed = await open_cut(chunks.objects, keyring, cut, cut.identity)
     except (ManifestInvalid, StaleGeneration) as e:
         return Problem(key, kind_of(e), str(e))
     manifest = sealed.manifest

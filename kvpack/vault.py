@@ -29,6 +29,11 @@
 - the chunk list comes with the lookup: from a remote store, find's one statement
   brings the found cut's list too, so no catalog call stands between a restore's start
   and its first chunk read.
+- opened manifests (`opened`, catalog/opened.py): every manifest this vault opens or
+  seals is held, verified, by its object key (objects never change), and read_cut takes
+  a held one instead of reading it again, still checked against the cut's row; the
+  warm start opens those of the most recently used cuts (preload_manifests). A
+  restore's reads are then only its chunks' (measured in kvpack/service/warm.py).
 """
 
 from __future__ import annotations
@@ -38,8 +43,9 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -48,7 +54,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from cas.breaker import DEFAULT_BACKOFF_S, DEFAULT_MAX_BACKOFF_S, Breaker
-from cas.chunks import ChunkRef, ChunkStore
+from cas.chunks import ChunkRef, ChunkStore, bounded
 from cas.errors import ObjectMissing, StoreUnavailable
 from cas.ids import ChunkId
 from cas.keys import Keyring
@@ -58,13 +64,22 @@ from catalog import ledger, queries
 from catalog.chain import TokenChain
 from catalog.condemn import Condemned, condemn
 from catalog.db import UNREACHABLE, Reader
-from catalog.errors import ManifestInvalid
+from catalog.errors import ManifestInvalid, StaleGeneration
 from catalog.forget import ForgetReport, Selector, forget
 from catalog.gc import GcReport, collect
 from catalog.ids import IdentityDigest, ManifestId
 from catalog.ledger import PairedTiming
 from catalog.manifest import Manifest, SealedManifest
-from catalog.publish import ChunkTally, LoadedCut, load_cut, open_cut, open_mapped_cut, publish
+from catalog.opened import OpenedManifests
+from catalog.publish import (
+    ChunkTally,
+    LoadedCut,
+    check_row,
+    load_cut,
+    open_cut,
+    open_mapped_cut,
+    publish,
+)
 from catalog.queries import Cut
 from catalog.scope import Scope
 from catalog.signing import MANIFEST_DOMAIN, Bundle, ProducerKeys
@@ -79,6 +94,7 @@ T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 60.0
 READY_PROBE_KEY = "ready/probe"  # never written: a stat answering "missing" is an answer
 READY_PROBE_TIMEOUT_S = 10.0
+PRELOAD_IN_FLIGHT = 8  # manifests read at once by preload_manifests (a few KiB each)
 
 
 class CatalogUnavailable(SQLAlchemyError):
@@ -113,6 +129,7 @@ class Vault:
             backoff_s=outage_backoff_s,
             max_backoff_s=max(outage_backoff_s, DEFAULT_MAX_BACKOFF_S),
         )
+        self.opened = OpenedManifests()  # manifests verified once (catalog/opened.py)
         self._chunks: dict[str, ChunkStore] = {}
         self._lock = threading.Lock()
 
@@ -233,15 +250,14 @@ class Vault:
         """The cut's manifest and parts, every chunk fetched concurrently and verified."""
         coro = load_cut(
             chunks=self.chunks(scope.namespace), keyring=self.keyring, cut=cut,
-            identity=scope.identity,
+            identity=scope.identity, opened=self.opened,
         )  # fmt: skip
         return self.run(coro)
 
     def open_cut(self, cut: Cut, scope: Scope) -> SealedManifest:
         """The cut's manifest object, its MAC and its agreement with the row, verified;
         no chunk is read (catalog/publish.py open_cut)."""
-        chunks = self.chunks(scope.namespace)
-        return self.run(open_cut(chunks, self.keyring, cut, scope.identity))
+        return self.run(open_cut(self.objects, self.keyring, cut, scope.identity, self.opened))
 
     def warm_reads(self, namespace: str, size: int) -> None:
         """Set up the namespace's chunk reads ahead, for chunks of up to `size` bytes (cas
@@ -263,6 +279,24 @@ class Vault:
         keys = (ChunkStore.key(ChunkId.from_hex(chunk)) for chunk, _ in chunks)
         return preload(keys, until=until)
 
+    def preload_manifests(self, count: int, seconds: float) -> int:
+        """The manifests of the `count` most recently used cuts (last hit, else published)
+        opened into `opened`, PRELOAD_IN_FLIGHT at a time, for at most `seconds`: a
+        restarted server's first durable hits then read only their chunks
+        (kvpack/service/warm.py). A manifest that does not open is skipped: the hit that
+        needs it reads it again and refuses it there. How many of them are held."""
+        if count <= 0:
+            return 0
+        cuts = self.read(lambda s: queries.recent_cuts(session=s, limit=count))
+
+        async def one(cut: Cut) -> None:
+            with suppress(ManifestInvalid, StaleGeneration):
+                await open_cut(self.objects, self.keyring, cut, cut.identity, self.opened)
+
+        with suppress(TimeoutError):  # what was read by then stays held
+            self.run(bounded([partial(one, cut) for cut in cuts], PRELOAD_IN_FLIGHT), seconds)
+        return sum(cut.object_key in self.opened for cut in cuts)
+
     def read_cut(self, cut: Cut, scope: Scope) -> ChunkReading:
         """The cut's manifest opened and verified as open_cut does, and its chunks on
         their way (into scratch buffers, or mapped: cas ChunkStore). From a remote store
@@ -273,16 +307,25 @@ class Vault:
         one, once the manifest named them, since early reads there only compete with the
         manifest's open. From one that maps its objects (MappedReading), the manifest is
         opened on this thread and the chunks once the destinations exist: a local file
-        needs no trip through the event loop. Hand the destinations to `into`, or
-        `cancel` it."""
+        needs no trip through the event loop. A manifest this vault opened or sealed before
+        is not read again (catalog/opened.py): the chunks start at once. Hand the
+        destinations to `into`, or `cancel` it."""
         chunks = self.chunks(scope.namespace)
         if chunks.maps:
-            sealed = open_mapped_cut(chunks, self.keyring, cut, scope.identity)
+            sealed = open_mapped_cut(self.objects, self.keyring, cut, scope.identity, self.opened)
             mapped = MappedReading(chunks, list(sealed.manifest.chunk_refs))
             mapped.manifest = sealed.manifest
             return mapped
         deadline = time.monotonic() + self.timeout_s
-        opening = self.io.start(open_cut(chunks, self.keyring, cut, scope.identity))
+        held = self.opened.get(cut.object_key)
+        if held is not None:
+            manifest = check_row(held, cut, scope.identity).manifest
+            reading = Reading.start(self.io, chunks, list(manifest.chunk_refs), deadline)
+            reading.manifest = manifest
+            return reading
+        opening = self.io.start(
+            open_cut(self.objects, self.keyring, cut, scope.identity, self.opened)
+        )
         early: Reading | None = None
         try:
             if chunks.objects.remote:
@@ -339,6 +382,7 @@ class Vault:
             provenance=provenance,
             sign=lambda body: self.producer_keys.sign(MANIFEST_DOMAIN, body),
             tally=tally,
+            opened=self.opened,
         )
         return self.run(coro)
 

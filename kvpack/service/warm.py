@@ -17,6 +17,14 @@ the server reports ready.
   holds a connection per chunk in flight. From a local directory, whose chunks are
   mapped, not read: the opener threads, each mapping that key once, and no scratch
   buffer.
+- manifests: those of the WARM_MANIFESTS most recently used cuts (last hit, else
+  published), opened and verified into the vault's OpenedManifests (catalog/opened.py)
+  for at most PRELOAD_SECONDS, from any store: a first durable hit then starts its
+  chunks' reads at once instead of reading its manifest beside them. Measured
+  (`benchmarks/bench_s3_postgres.py 256 --restarts 5`, SeaweedFS on loopback, an AMD
+  EPYC VM, alternating with the code before, three runs each): the restarted servers'
+  256-token restores took 17-19 ms at the median, against 20-22 ms; the phase took 0.01
+  s from a local directory.
 - cache: the chunks of the most recently used cuts (last hit, else published), up to the
   `preload` setting's bytes (1 GiB by default) and for at most PRELOAD_SECONDS, read
   into the page cache from a local directory store (Vault.preload), as PostgreSQL's
@@ -75,6 +83,7 @@ WARM_TOKENS = 8  # a short prefill: the first forward's setup, not a real prompt
 # The most the cache phase reads for: a slow disk (a few hundred MB/s, or a network
 # volume) delays readiness by this much at most, whatever the preload setting.
 PRELOAD_SECONDS = 10.0
+WARM_MANIFESTS = 256  # cuts whose manifests are opened ahead (a few KiB each: catalog/opened.py)
 
 
 def warm(service: Service) -> dict[str, float]:
@@ -87,6 +96,7 @@ def warm(service: Service) -> dict[str, float]:
         "memory": lambda: memory.reserve(service.restore_reserve) if memory.kept() else None,
         "shadow": tenant.pool.calibrate,
         "store": lambda: _store(vault, scope.namespace, block_bytes(service.loaded)),
+        "manifests": lambda: _manifests(vault),
         "cache": lambda: _preload(vault, service.preload),
         "catalog": lambda: _catalog(vault, scope, tokens),
         "engine": lambda: _engine(service, tenant.pool.slot(0), tokens),
@@ -111,6 +121,12 @@ def _freeze() -> None:
 def _store(vault: Vault, namespace: str, size: int) -> None:
     _answered(vault.check_store)
     vault.warm_reads(namespace, size)
+
+
+def _manifests(vault: Vault) -> None:
+    held = vault.preload_manifests(WARM_MANIFESTS, PRELOAD_SECONDS)
+    if held:
+        log.info("warm start: the manifests of %d recently used cuts opened", held)
 
 
 def _preload(vault: Vault, budget: int) -> None:

@@ -343,6 +343,50 @@ def test_a_stored_chunk_condemned_mid_publish_is_uploaded_afresh(aio, chunk_stor
     assert aio.run(chunk_store.contains(broken))
 
 
+def test_a_held_manifest_is_not_read_again_and_is_still_checked_against_its_row(
+    aio, chunk_store, db_engine
+):
+    """OpenedManifests (catalog/opened.py): a publish holds the manifest it sealed and an
+    open holds the one it read; an open then takes the held one without reading the
+    store (a damaged object there goes unnoticed: what is held was verified when read),
+    and still refuses it for a row that is not its own (another identity, a stale
+    generation, other facts), as after a read."""
+    import dataclasses
+
+    from catalog.opened import OpenedManifests
+
+    opened = OpenedManifests()
+    h = tokens(32, 600)
+    m = aio.run(do_publish(chunk_store, db_engine, h[:512], payloads(32), opened=opened))
+    cut = find(db_engine, h[:512])
+    assert cut.object_key in opened and len(opened) == 1
+    data = bytearray(aio.run(chunk_store.objects.get(cut.object_key)))
+    data[-3] ^= 0x04
+    aio.run(replace_object(chunk_store, cut.object_key, bytes(data)))
+    keyring = chunk_store.keyring
+    assert aio.run(open_cut(chunk_store.objects, keyring, cut, ALICE, opened)).manifest == m
+    assert open_mapped_cut(chunk_store.objects, keyring, cut, ALICE, opened).manifest == m
+    with pytest.raises(ManifestInvalid):  # not held: read, and refused
+        aio.run(open_cut(chunk_store.objects, keyring, cut, ALICE))
+    rows = [  # another identity's row, a stale generation, other facts
+        (BOB, dataclasses.replace(cut, identity=BOB), ManifestInvalid),
+        (ALICE, dataclasses.replace(cut, generation=cut.generation + 1), StaleGeneration),
+        (ALICE, dataclasses.replace(cut, depth=cut.depth - 1), ManifestInvalid),
+    ]
+    for asked, row, error in rows:
+        with pytest.raises(error):
+            aio.run(open_cut(chunk_store.objects, keyring, row, asked, opened))
+        with pytest.raises(error):
+            open_mapped_cut(chunk_store.objects, keyring, row, asked, opened)
+    other = aio.run(do_publish(chunk_store, db_engine, h[:256], payloads(33)))  # not held
+    other_cut = find(db_engine, h[:256])
+    assert other_cut.object_key not in opened
+    assert (
+        aio.run(open_cut(chunk_store.objects, keyring, other_cut, ALICE, opened)).manifest == other
+    )
+    assert other_cut.object_key in opened  # read, verified, held
+
+
 @pytest.mark.parametrize("fault", ["intact", "flip", "foreign", "stale", "other", "gone", "huge"])
 def test_a_manifest_opened_in_place_is_refused_as_a_read_one(aio, tmp_path, keyring, db_engine,
                                                               fault):  # fmt: skip
@@ -381,8 +425,8 @@ def test_a_manifest_opened_in_place_is_refused_as_a_read_one(aio, tmp_path, keyr
         except (ManifestInvalid, StaleGeneration) as e:
             return type(e), str(e)
 
-    read = outcome(lambda: aio.run(open_cut(chunk_store, keyring, cut, ALICE)))
-    in_place = outcome(lambda: open_mapped_cut(chunk_store, keyring, cut, ALICE))
+    read = outcome(lambda: aio.run(open_cut(chunk_store.objects, keyring, cut, ALICE)))
+    in_place = outcome(lambda: open_mapped_cut(chunk_store.objects, keyring, cut, ALICE))
     if fault == "huge":
         assert in_place[0] is ManifestInvalid
         assert in_place[1].endswith(f"{cut.object_key} has {MAX_MANIFEST_BYTES + 1} bytes")

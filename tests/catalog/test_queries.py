@@ -208,3 +208,22 @@ def test_recent_chunks_take_the_most_recently_used_cuts_first_within_the_budget(
     assert recent(99) == [a, d, b]  # c would make 100
     assert recent(100) == [a, d, b, c]
     assert recent(9) == [] and recent(0) == []
+
+
+def test_recent_cuts_are_the_most_recently_used_first_up_to_the_limit(db_session):
+    """Whose manifests a restart opens ahead: cuts by last use (a hit, else creation),
+    newest first, every identity's, at most `limit`, each with its row's facts."""
+    t0 = datetime(2030, 1, 1, tzinfo=UTC)
+    h = tokens(14, 1100)
+    old = add_cut(db_session, ident=ALICE, history=h, depth=256, at=t0)
+    mid = add_cut(db_session, ident=ALICE, history=h, depth=512, at=t0 + timedelta(seconds=1))
+    new = add_cut(db_session, ident=BOB, history=h, depth=256, at=t0 + timedelta(seconds=2))
+    queries.touch_cut(session=db_session, manifest_id=old, at=t0 + timedelta(seconds=5))
+
+    def recent(limit):
+        return [c.manifest_id for c in queries.recent_cuts(session=db_session, limit=limit)]
+
+    assert recent(10) == [old, new, mid]
+    assert recent(2) == [old, new] and recent(0) == []
+    [first] = queries.recent_cuts(session=db_session, limit=1)
+    assert first == queries.get_cut(session=db_session, manifest_id=old)

@@ -13,6 +13,8 @@ import logging
 import pytest
 
 from cas.chunks import DEFAULT_CONCURRENCY
+from catalog import queries
+from catalog.opened import OpenedManifests
 from engine import unfilled
 from kvpack.config import Settings
 from kvpack.service.service import FRAME_ROOM, CompletionRequest
@@ -21,7 +23,7 @@ from tests.engine.slotkit import TINY_A
 from tests.fixtures.pages import evicted, pages, resident
 
 PROMPT = list(range(3, 3 + 2 * TINY_A + 5))
-PHASES = {"memory", "shadow", "store", "cache", "catalog", "engine", "objects"}
+PHASES = {"memory", "shadow", "store", "manifests", "cache", "catalog", "engine", "objects"}
 
 
 @pytest.fixture(autouse=True)
@@ -120,6 +122,54 @@ def test_a_restart_reads_the_recently_used_cuts_back_into_memory(tmp_path, open_
     warm(open_service(settings))
     expected = [pages(p) for p in files] if preload != "0" else [0] * len(files)
     assert [resident(p) for p in files] == expected
+
+
+def test_a_restart_opens_the_recently_used_cuts_manifests(shared_settings, open_service):
+    """The manifests phase: a restarted service holds the manifests of the cuts a first
+    one published, opened and checked against their rows, so its first durable hit
+    reads no manifest object from the store, only the cut's chunks."""
+    first = open_service(shared_settings)
+    assert first.complete(CompletionRequest(tokens=PROMPT, max_tokens=2)).tier == "none"
+    assert first.flush(30)
+    first.close()
+    second = open_service(shared_settings)
+    vault = second.vault
+    published = vault.read(lambda s: queries.recent_cuts(session=s, limit=100))
+    assert len(published) >= 2 and len(vault.opened) == 0
+    warm(second)
+    assert all(cut.object_key in vault.opened for cut in published)
+    read: list[str] = []
+    store = vault.objects
+    for name in ("get", "get_into", "map"):  # every way a store hands over an object
+        if hasattr(store, name):
+            real = getattr(store, name)
+            setattr(
+                store, name, lambda key, *a, real=real, **k: read.append(key) or real(key, *a, **k)
+            )
+    assert second.complete(CompletionRequest(tokens=PROMPT, max_tokens=2)).tier == "durable"
+    manifests = {cut.object_key for cut in published}
+    assert read and not manifests & set(read)  # the chunks, and no manifest
+
+
+def test_preloading_manifests_skips_one_that_does_not_open(shared_settings, open_service):
+    """Vault.preload_manifests: the most recently used cuts first, at most `count`; a
+    damaged manifest object is skipped, not held, and the others are."""
+    first = open_service(shared_settings)
+    assert first.complete(CompletionRequest(tokens=PROMPT, max_tokens=2)).tier == "none"
+    assert first.flush(30)
+    first.close()
+    vault = open_service(shared_settings).vault
+    newest, *older = vault.read(lambda s: queries.recent_cuts(session=s, limit=100))
+    assert vault.preload_manifests(1, 10.0) == 1 == len(vault.opened)
+    assert newest.object_key in vault.opened
+    vault.opened = OpenedManifests()
+    data = bytearray(vault.run(vault.objects.get(newest.object_key)))
+    data[-3] ^= 0x04
+    vault.run(vault.objects.delete(newest.object_key))
+    assert vault.run(vault.objects.put_if_absent(newest.object_key, bytes(data)))
+    assert vault.preload_manifests(100, 10.0) == len(older) >= 1
+    assert newest.object_key not in vault.opened
+    assert all(cut.object_key in vault.opened for cut in older)
 
 
 def test_the_restore_reserve_is_two_full_context_slots_unless_set(tmp_path, open_service):

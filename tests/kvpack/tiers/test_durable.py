@@ -10,6 +10,7 @@ import re
 import pytest
 from sqlalchemy import event
 
+from catalog.opened import OpenedManifests
 from engine.codec.frame import digest_of
 from engine.format import encode
 from kvpack.tiers.base import Ask
@@ -48,7 +49,8 @@ def test_a_lookup_is_one_catalog_call_and_a_load_reads_the_catalog_no_more(servi
     from S3 (with PostgreSQL), also brings the found row's chunk list, which the reader
     fetches while the manifest is on its way; load opens the manifest the Cut names
     without reading the catalog again. A Cut that did not come from find (get_cut's)
-    costs a remote load the list's query."""
+    costs a remote load the list's query, unless the vault holds its manifest opened
+    (catalog/opened.py): the manifest lists the chunks."""
     durable = service.durable
     request = Ask.of(service.tenant("default").scope, P)
     candidate, found = statements(service, lambda: durable.find(request))
@@ -68,6 +70,11 @@ def test_a_lookup_is_one_catalog_call_and_a_load_reads_the_catalog_no_more(servi
         candidate, handle=service.vault.get_cut(candidate.handle.manifest_id)
     )
     assert bare.handle == candidate.handle and bare.handle.chunks is None
+    assert bare.handle.object_key in service.vault.opened
+    reread, during_held = statements(service, lambda: durable.load(bare, request))
+    reread.close()
+    assert during_held == []
+    service.vault.opened = OpenedManifests()  # as after a restart
     reread, during_bare = statements(service, lambda: durable.load(bare, request))
     reread.close()
     if remote:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from cas.s3 import ensure_bucket
 from engine.models import load_model
+from kvpack.bench.catalog import quantile
 from kvpack.bench.probe import measure_gets
 from kvpack.bench.seaweedfs import start_seaweedfs
 from kvpack.bench.serve import ServerProcess, prompt_tokens, run_leg, server_restores
@@ -50,7 +51,7 @@ def main() -> None:
     args = p.parse_args()
     spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
     if args.profile and spy is None:
-        sys.exit("--profile needs py-spy on PATH (pip install py-spy)")
+        sys.exit("--profile needs py-spy on PATH or beside this Python (pip install py-spy)")
     tokenizer = load_model(MODEL).tokenizer
     prompts = {name: prompt_tokens(tokenizer, args.depth, seed=seed, title=name)
                for seed, name in enumerate(("Alpha", "Beta"))}  # fmt: skip
@@ -83,16 +84,17 @@ def main() -> None:
                 profiler.send_signal(signal.SIGINT)
                 profiler.wait()
             records = (server_restores(server.url) or [])[seen:]
+        ms = sorted(r["seconds"] * 1000 for r in records if r["tier"] == "durable")
+        if len(ms) < args.rounds:
+            sys.exit(f"only {len(ms)} of {args.rounds} requests were durable restores: "
+                     f"{records[:3]}")  # fmt: skip
         gets = measure_gets(python=sys.executable, model=MODEL, vault_argv=vault_argv,
                             cuts=prompts, timeout_s=120.0)  # fmt: skip
-    ms = sorted(r["seconds"] * 1000 for r in records if r["tier"] == "durable")
-    if len(ms) < args.rounds:
-        sys.exit(f"only {len(ms)} of {args.rounds} requests were durable restores: {records[:3]}")
     if gets.get("error"):
         sys.exit(f"the raw GET failed: {gets['error']}")
     median = statistics.median(ms)
     print(f"depth {args.depth}, {len(ms)} durable restores in one server: median {median:.1f} ms, "
-          f"p10 {ms[len(ms) // 10]:.1f}, p90 {ms[len(ms) * 9 // 10]:.1f}")  # fmt: skip
+          f"p10 {quantile(ms, 0.1):.1f}, p90 {quantile(ms, 0.9):.1f}")  # fmt: skip
     for name in prompts:
         get_ms = gets[name]["seconds"] * 1000
         ratio = get_ms / median

@@ -103,15 +103,16 @@ class Leg:
         ms = sorted(self.ms)
         return {
             "lookups": len(ms),
-            "p50_ms": _quantile(ms, 0.5),
-            "p90_ms": _quantile(ms, 0.9),
-            "p99_ms": _quantile(ms, 0.99),
+            "p50_ms": quantile(ms, 0.5),
+            "p90_ms": quantile(ms, 0.9),
+            "p99_ms": quantile(ms, 0.99),
             "wrong": self.wrong,
             "chain_links": self.chain_links,
         }
 
 
-def _quantile(sorted_ms: list[float], q: float) -> float | None:
+def quantile(sorted_ms: list[float], q: float) -> float | None:
+    """The `q` quantile of ascending milliseconds (the sample at that rank), None if none."""
     if not sorted_ms:
         return None
     return round(sorted_ms[min(len(sorted_ms) - 1, int(q * len(sorted_ms)))], 4)

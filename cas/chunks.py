@@ -216,7 +216,10 @@ class ChunkStore:
             with _as_chunk_errors(ref):
                 n = await self._read(self.key(ref.id), scratch, trail)
             area = (await asyncio.shield(areas))[i]
-            await _finished(trail.finish, n, area)
+            if trail.ended(n):  # opened and checked on the reading thread already
+                trail.finish(n, area)
+            else:
+                await _finished(trail.finish, n, area)
 
     @property
     def maps(self) -> bool:

@@ -80,6 +80,35 @@ def test_runs_are_opened_as_they_land(chunk):
     assert out == chunk.plaintext
 
 
+def test_the_last_run_ends_the_chunk_on_the_reading_thread(chunk):
+    """The landing of the last bytes opens the rest and checks the tag and the digest
+    there: the destination is whole before `finish`, which has nothing left to do."""
+    out, segs = segments(SIZE)
+    trail = chunk.trail()
+    trail.arrived(segs)
+    *most, last = chunk.runs()
+    for n in most:
+        trail.landed(n, len(chunk.bytes))
+    assert not trail.ended(len(chunk.bytes))
+    trail.landed(last, len(chunk.bytes))
+    assert trail.ended(len(chunk.bytes)) and out == chunk.plaintext
+    trail.finish(len(chunk.bytes), segs)
+    assert out == chunk.plaintext
+
+
+def test_a_failed_check_on_the_reading_thread_is_raised_by_finish(chunk):
+    """A chunk that fails its tag as its last bytes land does not fail the read (its
+    bytes all arrived): the failure is kept, and `finish` raises it."""
+    _, segs = segments(SIZE)
+    trail, size = _tampered(chunk, "tag")
+    trail.arrived(segs)
+    for n in runs(size):
+        trail.landed(n, size)  # no raise: the read succeeded
+    assert trail.ended(size)
+    with pytest.raises(ChunkCorrupt, match="tag"):
+        trail.finish(size, segs)
+
+
 def test_destinations_made_mid_read_are_opened_from_the_start(chunk):
     """Runs that land before the destinations exist wait in the scratch buffer; the next
     run opens them all, from the first byte."""
@@ -200,12 +229,21 @@ def test_chunk_reads_open_behind_the_direct_s3_get(object_store, keyring, aio, m
         real(self, n, size)
         opened_during.append(self._opening.pos if self._opening else 0)
 
+    ended: list[bool] = []
+    real_finish = Trail.finish
+
+    def finishing(self, n, area):
+        ended.append(self.ended(n))
+        real_finish(self, n, area)
+
     monkeypatch.setattr(Trail, "landed", recording)
+    monkeypatch.setattr(Trail, "finish", finishing)
     out = bytearray(SIZE)
     aio.run(store.get_into([ref], [memoryview(out)]))
     assert out == data
     if isinstance(object_store, S3Store) and object_store.config.reads_direct():
         assert len(opened_during) == 4 and 0 < opened_during[0] < opened_during[-1]
+        assert ended == [True]  # checked on the reading thread as the last bytes landed
     else:
         assert opened_during == []
 

@@ -23,8 +23,8 @@ and a chunk whose header does not open, are opened whole after the read (which r
   the check found is kept for `finish` to raise. The chunk is then done without a second
   trip through the event loop to a worker thread, at the end of the restore, when the
   cores are otherwise idle. Measured on SeaweedFS on loopback (a 256-token cut of the
-  demo model restored 400 times in one process, this step on and off in turns, two
-  runs): 17.33 and 17.86 ms against 17.66 and 18.08 ms at the median.
+  demo model restored in one process, this step on and off in turns, 200 restores each
+  way, two runs): 17.33 and 17.86 ms against 17.66 and 18.08 ms at the median.
 - finish: after the read, what `ended` left: the rest opened (hashed on a lane, if the
   store lends one: the scratch buffer no longer changes) and the tag and the digest
   checked, or what the reading thread's check found raised.

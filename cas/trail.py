@@ -70,7 +70,8 @@ class Trail:
         self._size = 0  # the object's size the opening was made for
         self._whole = False  # opened only after the read
         self._stopped = False
-        self._ended: tuple[int, BaseException | None] | None = None  # (size, what it raised)
+        self._ended = False  # opened and checked on the reading thread, for _size bytes
+        self._failure: BaseException | None = None  # what that check raised
 
     def arrived(self, area: Area) -> None:
         """The chunk's destinations exist (on the loop's thread)."""
@@ -87,23 +88,22 @@ class Trail:
             if self._opening is not None:
                 self._opening.advance(n)
                 if n == size:
-                    self._end_here(size)
+                    self._end_here()
 
-    def _end_here(self, size: int) -> None:
+    def _end_here(self) -> None:
         """Open the rest and check the chunk on the reading thread (under the lock), keeping
         what the check raised for `finish`: the read itself succeeded."""
         assert self._opening is not None
         try:
             self._opening.finish()
         except (ChunkCorrupt, UnknownKey) as e:
-            self._ended = (size, e)
-        else:
-            self._ended = (size, None)
+            self._failure = e
+        self._ended = True
 
     def ended(self, n: int) -> bool:
         """Whether the chunk's `n` sealed bytes were opened and checked as they landed, so
         that `finish` only reports the outcome (no work left for a worker thread)."""
-        return self._ended is not None and self._ended[0] == n
+        return self._ended and self._size == n
 
     def _open(self, n: int, size: int) -> Opening | None:
         if self._whole or self._area is None or n < min(size, HEADER_MAX):
@@ -131,9 +131,8 @@ class Trail:
         (on a worker thread, the read over; or anywhere once `ended(n)`); ChunkCorrupt,
         UnknownKey."""
         if self.ended(n):
-            assert self._ended is not None
-            if self._ended[1] is not None:
-                raise self._ended[1]
+            if self._failure is not None:
+                raise self._failure
             return
         opening = self._opening if self._size == n else None
         if opening is None:

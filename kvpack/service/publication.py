@@ -21,8 +21,9 @@
   and uploading do not compete with its own decode. They run one at a time in the order
   taken, so a cut may also wait behind an earlier request's (each bounded the same way).
 - promotion: a hit a slower tier served is held in the resident tier once its request is
-  served (`after_served`, the ladder's `promote`). The cut it holds is views of the
-  slot's caches, so the slot's first write copies them (kvpack/tiers/ladder.py); the
+  served (`after_served`, which the ladder also hands a hit's catalog stamp and paired
+  timing). The cut it holds is views of the slot's caches, so the slot's first write
+  copies them (kvpack/tiers/ladder.py); the
   resident tier's own copy then follows the response instead of racing that copy for
   memory. Measured (demo model, 7,936 tokens, local directory, a fresh process per run):
   a durable hit's second token took 0.57-2.01 s with the copy at once, 0.19-0.26 s with

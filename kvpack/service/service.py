@@ -175,7 +175,7 @@ class Service:
         self.accounting = Accounting(per_namespace=True)  # counters per tenant
         self.background = Background(capacity=background_capacity)
         self.clock = PrefillClock()
-        self.durable = DurableTier(vault, self.background, accounting=self.accounting)
+        self.durable = DurableTier(vault, accounting=self.accounting)
         self.publication = Publication(
             resident=self.resident,
             vault=vault,
@@ -347,7 +347,7 @@ class Service:
             return Completion(tokens=[], text="", finish_reason="cancelled", **base)
         chain = tenant.scope.chain(tokens)
         started = time.perf_counter()
-        serve = partial(self.ladder.serve, tenant, tokens, promote=pub.after_served)
+        serve = partial(self.ladder.serve, tenant, tokens, after_served=pub.after_served)
         installed = serve() if self.restores is None else self.restores.measure(serve)
         slot = installed.slot
         yield "lookup"

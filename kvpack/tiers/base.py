@@ -26,7 +26,7 @@ and in what order; a tier only answers for itself.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -148,8 +148,10 @@ class Tier(Protocol):
         """The candidate's verified state. Raises a VERIFICATION_FAILURE or an OUTAGE."""
         ...
 
-    def served(self, candidate: Candidate, ask: Ask) -> None:
-        """After the candidate's state was committed into a slot (a hit)."""
+    def served(self, candidate: Candidate, ask: Ask) -> Callable[[], object] | None:
+        """After the candidate's state was committed into a slot (a hit): what must follow
+        at once is done here; what may wait (a catalog write) is returned, for the ladder
+        to run in the background with the hit's other work."""
         ...
 
     def refused(self, candidate: Candidate, error: BaseException) -> None:

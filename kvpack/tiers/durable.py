@@ -21,8 +21,9 @@
   which stops its fetch.
   After a restore, `installed` is the Snapshot it became (views of the restored caches,
   each part with its verified frame digest): what the ladder promotes into the caches.
-- served: the cut's catalog row is stamped as hit, off the response path (GC evicts the
-  least recently hit first).
+- served: the cut's catalog row is stamped as hit (GC evicts the least recently hit
+  first): a job the ladder runs in the background once the request is served, not
+  beside its first token.
 - refused: the cut failed verification (its manifest object gone or failing its checks,
   a chunk corrupt or missing, the engine's gate): it is condemned at once
   (catalog/condemn.py), so find never offers it again, and counted in
@@ -35,7 +36,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from catalog.condemn import broken_chunk, kind_of
@@ -46,7 +47,6 @@ from engine.errors import RestoreRefused
 from engine.intake import Intake
 from engine.state import Snapshot
 from kvpack.accounting.counters import Accounting
-from kvpack.background import Background
 from kvpack.tiers.base import OUTAGES, Ask, Candidate, Loaded, TierName
 from kvpack.vault import ChunkReading, Vault
 
@@ -97,11 +97,8 @@ class CutReader:
 class DurableTier:
     name: TierName = "durable"
 
-    def __init__(
-        self, vault: Vault, background: Background, *, accounting: Accounting | None = None
-    ) -> None:
+    def __init__(self, vault: Vault, *, accounting: Accounting | None = None) -> None:
         self.vault = vault
-        self.background = background
         self.accounting = accounting
 
     def find(self, ask: Ask) -> Candidate | None:
@@ -114,9 +111,9 @@ class DurableTier:
         reader = CutReader.open(self.vault, candidate.handle, ask.scope)
         return Loaded(cut=reader, manifest_bytes=reader.manifest.bytes)
 
-    def served(self, candidate: Candidate, ask: Ask) -> None:
+    def served(self, candidate: Candidate, ask: Ask) -> Callable[[], object]:
         manifest_id = candidate.handle.manifest_id
-        self.background.submit("hit", lambda: self.vault.touch_cut(manifest_id))
+        return lambda: self.vault.touch_cut(manifest_id)
 
     def refused(self, candidate: Candidate, error: BaseException) -> None:
         cut = candidate.handle

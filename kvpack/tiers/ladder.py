@@ -17,9 +17,10 @@ Every tier answers the same two questions (kvpack/tiers/base.py). The ladder:
    served is told (LRU, catalog hit stamp), the caches are filled with the state that a
    slower tier served (as installed: a reader's Snapshot, so nothing is read or decoded
    again), and a paired timing is recorded when this process prefilled the same cut.
-   Those run in the background, never on the response path; `serve` may be given a
-   `promote` that holds the caches' fill back until the request is served (the
-   service's, kvpack/service/publication.py).
+   The stamp, the fill and the timing run in the background, never on the response
+   path; `serve` may be given an `after_served` that holds them back until the request
+   is served (the service's, kvpack/service/publication.py), so that none of them runs
+   beside the request's first token.
 5. miss: the slot is reset and the request prefills from scratch.
 Steps 2-5 are `restore(ask, install)` for any installer: `serve` installs into a slot,
 kvpack/service/interop.py into mlx-lm's own caches (the same gate and build, so a hit).
@@ -84,10 +85,10 @@ class Ladder:
         return {t.name: t for t in (self.authority, *self.caches, *self.peers)}
 
     def serve(
-        self, tenant: Tenant, tokens: Sequence[int], *, promote: Submit | None = None
+        self, tenant: Tenant, tokens: Sequence[int], *, after_served: Submit | None = None
     ) -> Installed:
         """Install the deepest available state for `tokens` in a slot of `tenant`;
-        `promote` takes the caches' fill after a hit (default: the background, at once)."""
+        `after_served` takes a hit's background work (default: the background, at once)."""
         ns = tenant.namespace
         slot = tenant.session_slot(tokens)
         if slot is not None:
@@ -100,7 +101,7 @@ class Ladder:
         # every outcome replaces it: emptied first, its memory serves the restore's shadow.
         slot.reset()
         ask = Ask.of(tenant.scope, tokens)
-        found = self.restore(ask, lambda cut: slot.restore(cut, prompt=ask.tokens), promote)
+        found = self.restore(ask, lambda cut: slot.restore(cut, prompt=ask.tokens), after_served)
         if found is None:
             return Installed(slot, "none", 0)
         _, receipt = found
@@ -108,14 +109,14 @@ class Ladder:
         return Installed(slot, receipt.tier, receipt.depth, receipt.restore_seconds, restored)
 
     def restore(
-        self, ask: Ask, install: Callable[[Cut], T], promote: Submit | None = None
+        self, ask: Ask, install: Callable[[Cut], T], after_served: Submit | None = None
     ) -> tuple[T, CommittedRestore] | None:
         """Steps 2-5 without the session rung: the planned candidates, deepest first,
         through `install` (a slot's restore, or mlx-lm caches built through the same gate);
         the first that returns is the hit, with its result. None is a miss (counted)."""
         tiers = self.tiers
         for candidate in self.plan(ask):
-            found = self._try(tiers[candidate.tier], candidate, ask, install, promote)
+            found = self._try(tiers[candidate.tier], candidate, ask, install, after_served)
             if found is not None:
                 return found
         self.accounting.count_miss(namespace=ask.scope.namespace)
@@ -151,7 +152,7 @@ class Ladder:
         candidate: Candidate,
         ask: Ask,
         install: Callable[[Cut], T],
-        promote: Submit | None,
+        after_served: Submit | None,
     ) -> tuple[T, CommittedRestore] | None:
         started = time.perf_counter()
         try:
@@ -180,11 +181,14 @@ class Ladder:
         except OUTAGES as e:
             log.warning("%s cut at depth %d unavailable: %s", tier.name, candidate.depth, e)
             return None
-        tier.served(candidate, ask)
+        later = after_served or self.background.submit
+        stamp = tier.served(candidate, ask)
         held = loaded.holdable()
         if tier not in self.caches and held is not None:
-            self._fill(ask, candidate.depth, held, promote or self.background.submit)
-        self._hit(ask, receipt)
+            self._fill(ask, candidate.depth, held, later)
+        if stamp is not None:  # behind the fill: bookkeeping waits, the next hit need not
+            later(f"hit {tier.name}@{candidate.depth}", stamp)
+        self._hit(ask, receipt, later)
         return result, receipt
 
     def _fill(self, ask: Ask, depth: int, cut: Snapshot | Planes, submit: Submit) -> None:
@@ -196,10 +200,10 @@ class Ladder:
         for cache in self.caches:
             submit(f"fill {cache.name}@{depth}", partial(cache.hold, ask.scope, tokens, cut))
 
-    def _hit(self, ask: Ask, receipt: CommittedRestore) -> None:
+    def _hit(self, ask: Ask, receipt: CommittedRestore, later: Submit) -> None:
         self.accounting.count_hit(receipt)
         timing = self.clock.pair(
             identity=ask.scope.identity, chain=ask.chain.at(receipt.depth), receipt=receipt
         )
         if timing is not None:
-            self.background.submit("pair", lambda: self.record_timing(timing))
+            later("pair", lambda: self.record_timing(timing))

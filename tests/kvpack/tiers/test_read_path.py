@@ -20,7 +20,7 @@ from sqlalchemy import select
 
 import engine.codec as codec
 from cas.errors import StoreUnavailable
-from catalog.models import ManifestChunkRow
+from catalog.models import ManifestChunkRow, ManifestRow
 from engine.codec import frame
 from engine.errors import PlanesInvalid, RestoreRefused
 from engine.format import encode
@@ -171,22 +171,31 @@ def test_a_promoted_durable_hit_keeps_no_slot_buffer_alive(settings, open_servic
     assert physical_parts(cut.snapshot) == physical_parts(installed)
 
 
-def test_a_durable_hit_is_promoted_once_its_request_is_served(settings, open_service):
-    """Branch: promotion follows the response. While a durable hit's request decodes its
-    cut is not held (the slot's first write copies the caches the promotion holds, and
-    the resident tier's own copy would race that one for memory); once the request is
-    served it is, and the next ask is a resident hit."""
+def test_a_durable_hit_is_promoted_and_stamped_once_its_request_is_served(settings, open_service):
+    """Branch: a hit's background work follows the response. While a durable hit's
+    request decodes its cut is not held (the slot's first write copies the caches the
+    promotion holds, and the resident tier's own copy would race that one for memory)
+    and its catalog row is not stamped (a write that ran beside the first token); once
+    the request is served both are done, and the next ask is a resident hit."""
     first = open_service(settings)
     cold = ask(first, P)
     assert first.flush(30)
     first.close()
     svc = open_service(settings)
     at_p = Ask.of(svc.tenant("default").scope, P).bounded(at_most=len(P))
+    cut = svc.vault.find(svc.tenant("default").scope, svc.tenant("default").scope.chain(P))
+    assert cut is not None and cut.depth == len(P)
+
+    def hits() -> int:
+        with svc.vault.transaction() as s:
+            return s.get(ManifestRow, cut.manifest_id.hex).hits
+
     steps = svc.steps(CompletionRequest(tokens=P, max_tokens=12, top_logprobs=3))
     assert next(steps) == "lookup"
     decoded = 0
     while True:
         assert svc.flush(30) and svc.resident.find(at_p) is None
+        assert hits() == 0
         try:
             assert next(steps) == "decode"
         except StopIteration as done:
@@ -195,6 +204,7 @@ def test_a_durable_hit_is_promoted_once_its_request_is_served(settings, open_ser
         decoded += 1
     assert decoded == 12 and durable.tier == "durable"
     assert svc.flush(30) and svc.resident.find(at_p) is not None
+    assert hits() == 1
     warm = ask(svc, P)
     assert warm.tier == "resident"
     assert answer(durable) == answer(warm) == answer(cold)

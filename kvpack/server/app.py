@@ -11,6 +11,11 @@
   they are generated (a stop string ends the generation there); they travel to the event
   loop through an asyncio.Queue via loop.call_soon_threadsafe. Its cancel Event is set
   when the client goes away or the server shuts down.
+- first chunk: a stream's first text is written before the engine goes on: the engine
+  thread waits (at most FIRST_CHUNK_WAIT_S) until the loop has sent it. Otherwise the
+  next token's forward pass, built in Python, holds the interpreter lock while the loop
+  waits for it, and the first token leaves milliseconds after it was drawn (docs/
+  measurements.md, *the first token's way out*).
 
 Routes: POST /v1/chat/completions and /v1/completions (SSE when `stream`), GET /v1/models,
 /healthz (liveness), /readyz (readiness: each dependency, 503 when one is down), /metrics
@@ -58,20 +63,26 @@ DEFAULT_DRAIN_TIMEOUT_S = 30.0
 READY_TIMEOUT_S = 15.0  # /readyz answers within this even when a dependency hangs
 PARSER_THREADS = 2
 READY = "kvpack serve: ready at "  # the line `kvpack serve` prints once it listens
+FIRST_CHUNK_WAIT_S = 0.005  # the most the engine waits for a stream's first chunk to leave
 
 
 class Job:
     """One request on the engine thread, and the queue its events arrive on."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, *, stream: bool) -> None:
         self.loop = loop
         self.queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self.cancel = threading.Event()
         self.finished = False
+        self.first_sent = threading.Event()  # the first chunk is out; at once if not streamed
+        if not stream:
+            self.first_sent.set()
 
     # -- engine side ---------------------------------------------------------------------
     def on_text(self, delta: str) -> None:
         self._post(("text", delta))
+        if not self.first_sent.is_set():  # the first chunk (see the module words)
+            self.first_sent.wait(FIRST_CHUNK_WAIT_S)
 
     def on_token(self, drawn: Drawn) -> None:
         self._post(("token", drawn))
@@ -174,7 +185,7 @@ class Front:
             namespace=namespace,
             top_logprobs=api.top_logprobs,
         )
-        job = Job(asyncio.get_running_loop())
+        job = Job(asyncio.get_running_loop(), stream=api.stream)
         streamed = api.stream and api.top_logprobs is not None
 
         def start() -> Any:
@@ -271,6 +282,7 @@ async def _stream(
                 await response.prepare(request)
             if event == "text":
                 await response.write(sse(envelope.chunk(value, first=first, drawn=drawn)))
+                job.first_sent.set()
                 drawn = [] if drawn is not None else None
                 first = False
                 continue
@@ -285,6 +297,8 @@ async def _stream(
         await response.write_eof()
     except ConnectionResetError:  # the client went away mid-stream
         job.cancel.set()
+    finally:
+        job.first_sent.set()  # whatever happened, the engine waits for nothing more
     return response
 
 

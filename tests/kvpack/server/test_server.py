@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 from urllib.parse import urlsplit
 
 import openai
@@ -12,6 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.slots import SlotPool
+from kvpack.server import app
 from tests.kvpack.serverkit import SlowService, running
 
 MESSAGES = [{"role": "user", "content": "Tell me about the sea."}]  # tiny: 8+ tokens, no eos
@@ -132,6 +134,35 @@ def test_completion_streaming_and_prompt_as_token_ids(service, client):
     assert "".join(c.choices[0].text for c in chunks) == greedy_text(service, ids, 5)
     assert chunks[-1].choices[0].finish_reason == "length"
     assert chunks[-1].model_extra["kvpack"]["tier"] == "none"
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_streams_first_chunk_leaves_before_the_engine_goes_on(
+    service, client, monkeypatch, stream
+):
+    """The engine thread hands a stream's first text over and waits until the loop has
+    written it, so the next token's forward does not hold the interpreter lock while the
+    first token waits to leave. The bound is raised to a minute here: the request still
+    ends at once, so the loop releases the engine itself, and a request that is not
+    streamed (nothing leaves before the end) never waits."""
+    monkeypatch.setattr(app, "FIRST_CHUNK_WAIT_S", 60.0)
+    went_on: list[bool] = []
+    on_text = app.Job.on_text
+
+    def recorded(job: app.Job, delta: str) -> None:
+        on_text(job, delta)
+        went_on.append(job.first_sent.is_set())
+
+    monkeypatch.setattr(app.Job, "on_text", recorded)
+    ids = service.loaded.tokenizer.encode("the first chunk leaves first")
+    started = time.monotonic()
+    made = client.completions.create(
+        model="tiny", prompt=ids, max_tokens=5, temperature=0, stream=stream
+    )
+    text = "".join(c.choices[0].text for c in made) if stream else made.choices[0].text
+    assert time.monotonic() - started < 30
+    assert text == greedy_text(service, ids, 5)
+    assert went_on and went_on[0]  # the first chunk was out (or nothing to wait for) by then
 
 
 def test_models_list_and_retrieve(client):

@@ -23,11 +23,11 @@
 - promotion: a hit a slower tier served is held in the resident tier once its request is
   served (`after_served`, which the ladder also hands a hit's catalog stamp and paired
   timing). The cut it holds is views of the slot's caches, so the slot's first write
-  copies them (kvpack/tiers/ladder.py); the
-  resident tier's own copy then follows the response instead of racing that copy for
-  memory. Measured (demo model, 7,936 tokens, local directory, a fresh process per run):
-  a durable hit's second token took 0.57-2.01 s with the copy at once, 0.19-0.26 s with
-  it after the request (docs/measurements.md).
+  copies them (kvpack/tiers/ladder.py); the resident tier's own copy then follows the
+  response instead of racing that copy for memory. Measured (demo model, 7,936 tokens,
+  local directory, a fresh process per run): a durable hit's second token took
+  0.57-2.01 s with the copy at once, 0.19-0.26 s with it after the request
+  (docs/measurements.md).
 - publication off (`enabled=False`, the `publish` setting, `kvpack serve
   --no-publish`): nothing is encoded, held or published; the ladder still reads. For
   A/B measurements (`kvpack bench-publication`) and read-only replicas.

@@ -186,7 +186,7 @@ class Ladder:
         held = loaded.holdable()
         if tier not in self.caches and held is not None:
             self._fill(ask, candidate.depth, held, later)
-        if stamp is not None:  # behind the fill: bookkeeping waits, the next hit need not
+        if stamp is not None:  # after the fill, which a next ask for this cut may use
             later(f"hit {tier.name}@{candidate.depth}", stamp)
         self._hit(ask, receipt, later)
         return result, receipt

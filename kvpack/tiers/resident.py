@@ -169,7 +169,7 @@ class ResidentTier:
         return Loaded(cut=cut.snapshot, estimated_bytes=cut.estimated_bytes)
 
     def served(self, candidate: Candidate, ask: Ask) -> None:
-        with self._lock:  # now: the next request's find must see the order
+        with self._lock:  # at once: the next find must see the new LRU order
             if candidate.handle in self._lru:
                 self._lru.move_to_end(candidate.handle)
 

@@ -265,6 +265,28 @@ class Vault:
         chunks = self.chunks(namespace)
         self.run(chunks.warm(size, probe_key=READY_PROBE_KEY), READY_PROBE_TIMEOUT_S)
 
+    def warm_chunk(self, scope: Scope, recent: int) -> bool:
+        """The first chunk of the scope's most recently used cut, among the `recent` most
+        recently used cuts whose manifests are held (`preload_manifests`), read from a
+        remote store the way a durable hit reads it (from S3 the direct GET, opened behind
+        the read on its thread) into two halves of a buffer that is then dropped
+        (kvpack/service/warm.py). False where there is none, and from a store that maps
+        its objects: its openers already mapped and opened a sample (ChunkStore.warm),
+        and which chunk files come back into memory is the preload setting's to say."""
+        if self.chunks(scope.namespace).maps:
+            return False
+        cuts = self.read(lambda s: queries.recent_cuts(session=s, limit=recent))
+        for cut in cuts:
+            held = self.opened.get(cut.object_key)
+            if cut.identity != scope.identity or held is None:
+                continue
+            ref = check_row(held, cut, scope.identity).manifest.chunk_refs[0]
+            out = memoryview(bytearray(ref.size))
+            halves = [out[: ref.size // 2], out[ref.size // 2 :]]
+            self.run(self.chunks(scope.namespace).get_into([ref], [halves]), self.timeout_s)
+            return True
+        return False
+
     def preload(self, budget: int, seconds: float) -> tuple[int, int]:
         """The chunks of the most recently used cuts, up to `budget` bytes, read into the
         page cache from a store that keeps them in files on this machine (a local

@@ -1,7 +1,8 @@
 """Warm start (kvpack/service/warm.py) on the tiny model: the object store's client, the
 hash lanes and a catalog connection exist afterwards, the shadow's crossover is measured
 and a hit's stamp has run once, on the embedded default and on S3 + PostgreSQL; a restart
-reads the recently used cuts' chunk files back into the page cache; the
+reads the recently used cuts' chunk files back into the page cache, and on S3 one recent
+chunk through a hit's read path; the
 engine ran a prefill, restore and decode, and left nothing behind (no cut, no counter, a
 fresh slot, the same cold answer as a service that never warmed)."""
 
@@ -13,7 +14,9 @@ import logging
 import pytest
 
 from cas.chunks import DEFAULT_CONCURRENCY
+from cas.ids import ChunkId
 from catalog import queries
+from catalog.models import ManifestRow
 from catalog.opened import OpenedManifests
 from engine import unfilled
 from kvpack.config import Settings
@@ -23,7 +26,25 @@ from tests.engine.slotkit import TINY_A
 from tests.fixtures.pages import evicted, pages, resident
 
 PROMPT = list(range(3, 3 + 2 * TINY_A + 5))
-PHASES = {"memory", "shadow", "store", "manifests", "cache", "catalog", "engine", "objects"}
+PHASES = {
+    "memory",
+    "shadow",
+    "store",
+    "manifests",
+    "chunk",
+    "cache",
+    "catalog",
+    "engine",
+    "objects",
+}
+
+
+def published_by_a_first_service(settings: Settings, open_service) -> None:
+    """PROMPT's cuts published into the vault by a service that then closes."""
+    first = open_service(settings)
+    assert first.complete(CompletionRequest(tokens=PROMPT, max_tokens=2)).tier == "none"
+    assert first.flush(30)
+    first.close()
 
 
 @pytest.fixture(autouse=True)
@@ -112,10 +133,7 @@ def test_a_restart_reads_the_recently_used_cuts_back_into_memory(tmp_path, open_
     the preload setting "0" they stay on the disk."""
     env = {"KVPACK_PRELOAD": preload}
     settings = Settings.load(data_dir=tmp_path / "vault", alignment=TINY_A, env=env)
-    first = open_service(settings)
-    assert first.complete(CompletionRequest(tokens=PROMPT, max_tokens=2)).tier == "none"
-    assert first.flush(30)
-    first.close()
+    published_by_a_first_service(settings, open_service)
     files = evicted(p for p in (tmp_path / "vault" / "objects" / "chunks").rglob("*")
                     if p.is_file())  # fmt: skip
     assert len(files) >= 2  # the prompt's aligned blocks, at least
@@ -128,10 +146,7 @@ def test_a_restart_opens_the_recently_used_cuts_manifests(shared_settings, open_
     """The manifests phase: a restarted service holds the manifests of the cuts a first
     one published, opened and checked against their rows, so its first durable hit
     reads no manifest object from the store, only the cut's chunks."""
-    first = open_service(shared_settings)
-    assert first.complete(CompletionRequest(tokens=PROMPT, max_tokens=2)).tier == "none"
-    assert first.flush(30)
-    first.close()
+    published_by_a_first_service(shared_settings, open_service)
     second = open_service(shared_settings)
     vault = second.vault
     published = vault.read(lambda s: queries.recent_cuts(session=s, limit=100))
@@ -151,13 +166,39 @@ def test_a_restart_opens_the_recently_used_cuts_manifests(shared_settings, open_
     assert read and not manifests & set(read)  # the chunks, and no manifest
 
 
+def test_a_restart_reads_a_recent_cuts_first_chunk_as_a_hit_would(shared_settings, open_service):
+    """The chunk phase: a restarted service on S3 reads the first chunk of its most
+    recently used cut through the chunk store's read (the direct GET, opened behind the
+    read), so its first durable hit runs none of that path for the first time; nothing
+    is served, counted or stamped. From a local directory it reads none: which chunk
+    files come back into memory is the preload setting's to say."""
+    published_by_a_first_service(shared_settings, open_service)
+    second = open_service(shared_settings)
+    vault = second.vault
+    scope = second.tenant(second.loaded.identity.namespace).scope
+    chunks = vault.chunks(scope.namespace)
+    read: list[tuple[ChunkId, int]] = []
+    get_into = chunks.get_into
+
+    async def recorded(refs, outs):
+        read.extend((ref.id, ref.size) for ref in refs)
+        await get_into(refs, outs)
+
+    chunks.get_into = recorded  # type: ignore[method-assign]
+    warm(second)
+    newest = vault.read(lambda s: queries.recent_cuts(session=s, limit=1))[0]
+    first_chunk = vault.opened.get(newest.object_key).manifest.chunk_refs[0]
+    assert read == ([] if chunks.maps else [(first_chunk.id, first_chunk.size)])
+    assert second.flush(30) and second.background.stats()["done"] == 0
+    assert second.accounting.total("kvpack_restored_tokens_total") == 0
+    with vault.transaction() as s:
+        assert s.get(ManifestRow, newest.manifest_id.hex).hits == 0
+
+
 def test_preloading_manifests_skips_one_that_does_not_open(shared_settings, open_service):
     """Vault.preload_manifests: the most recently used cuts first, at most `count`; a
     damaged manifest object is skipped, not held, and the others are."""
-    first = open_service(shared_settings)
-    assert first.complete(CompletionRequest(tokens=PROMPT, max_tokens=2)).tier == "none"
-    assert first.flush(30)
-    first.close()
+    published_by_a_first_service(shared_settings, open_service)
     vault = open_service(shared_settings).vault
     newest, *older = vault.read(lambda s: queries.recent_cuts(session=s, limit=100))
     assert vault.preload_manifests(1, 10.0) == 1 == len(vault.opened)

@@ -280,7 +280,10 @@ class Vault:
             held = self.opened.get(cut.object_key)
             if cut.identity != scope.identity or held is None:
                 continue
-            ref = check_row(held, cut, scope.identity).manifest.chunk_refs[0]
+            refs = check_row(held, cut, scope.identity).manifest.chunk_refs
+            if not refs:
+                continue
+            ref = refs[0]
             out = memoryview(bytearray(ref.size))
             halves = [out[: ref.size // 2], out[ref.size // 2 :]]
             self.run(self.chunks(scope.namespace).get_into([ref], [halves]), self.timeout_s)

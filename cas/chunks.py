@@ -290,7 +290,7 @@ class ChunkStore:
                 with self.scratch.lend(max_sealed_size(size)) as scratch:
                     with contextlib.suppress(ObjectMissing):
                         await self.objects.get_into(probe_key, scratch)
-                    await _finished(open_sample, _halves(scratch[:WARM_SAMPLE]))
+                    await _finished(open_sample, halves(scratch[:WARM_SAMPLE]))
 
             await self._bounded([one] * self.max_concurrency)
         self.lanes.warm()
@@ -307,7 +307,7 @@ class ChunkStore:
             gathered.wait(WARM_TIMEOUT_S)
             with contextlib.suppress(ObjectMissing):
                 self.objects.map(probe_key, max_sealed_size(size)).close()  # type: ignore[attr-defined]
-            open_sample(_halves(memoryview(bytearray(WARM_SAMPLE))))
+            open_sample(halves(memoryview(bytearray(WARM_SAMPLE))))
 
         await asyncio.gather(*(asyncio.wrap_future(self.openers.submit(one)) for _ in range(n)))
 
@@ -340,7 +340,8 @@ def _as_chunk_errors(ref: ChunkRef) -> Iterator[None]:
         raise ChunkCorrupt(ref.id, f"object has {e.size} bytes, too many for its size") from e
 
 
-def _halves(area: memoryview) -> list[memoryview]:
+def halves(area: memoryview) -> list[memoryview]:
+    """`area` as two segments: a destination that exercises the segmented open path."""
     half = area.nbytes // 2
     return [area[:half], area[half:]]
 

@@ -54,7 +54,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from cas.breaker import DEFAULT_BACKOFF_S, DEFAULT_MAX_BACKOFF_S, Breaker
-from cas.chunks import ChunkRef, ChunkStore, bounded
+from cas.chunks import ChunkRef, ChunkStore, bounded, halves
 from cas.errors import ObjectMissing, StoreUnavailable
 from cas.ids import ChunkId
 from cas.keys import Keyring
@@ -273,7 +273,8 @@ class Vault:
         (kvpack/service/warm.py). False where there is none, and from a store that maps
         its objects: its openers already mapped and opened a sample (ChunkStore.warm),
         and which chunk files come back into memory is the preload setting's to say."""
-        if self.chunks(scope.namespace).maps:
+        chunks = self.chunks(scope.namespace)
+        if chunks.maps:
             return False
         cuts = self.read(lambda s: queries.recent_cuts(session=s, limit=recent))
         for cut in cuts:
@@ -283,10 +284,8 @@ class Vault:
             refs = check_row(held, cut, scope.identity).manifest.chunk_refs
             if not refs:
                 continue
-            ref = refs[0]
-            out = memoryview(bytearray(ref.size))
-            halves = [out[: ref.size // 2], out[ref.size // 2 :]]
-            self.run(self.chunks(scope.namespace).get_into([ref], [halves]), self.timeout_s)
+            out = halves(memoryview(bytearray(refs[0].size)))
+            self.run(chunks.get_into(refs[:1], [out]), self.timeout_s)
             return True
         return False
 

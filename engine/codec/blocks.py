@@ -134,14 +134,17 @@ def receive(pool: PoolShape, layout: Mapping[str, Any], shadow: SlotState) -> li
 
 
 def allocate(pool: PoolShape, snap: Snapshot, shadow: SlotState) -> list[Part]:
-    """For a gated cut, received: where its full layers' buffers are large, those made
-    again without their zero fill (engine/unfilled.py; rows past the depth still zeros,
-    the rest for the cut's bytes), and its blocks' parts made again as views of them;
-    none where the zero fill is kept."""
-    buffers = _buffers(pool, snap.layout["capacity"])
-    if not unfilled.worth_it(_nbytes(pool, buffers)):
+    """For a gated cut, received: its full layers' buffers made again without their zero
+    fill (engine/unfilled.py) — packed, where the cut fills their capacity; else, where
+    they are large, each on its own with the rows past the depth still zeros — and its
+    blocks' parts made again as views of them; none where the zero fill is kept."""
+    buffers, dtype = _buffers(pool, snap.layout["capacity"]), pool.layout.dtype
+    if snap.depth == snap.layout["capacity"]:
+        made = iter(unfilled.packed(buffers, dtype))
+    elif unfilled.worth_it(_nbytes(pool, buffers)):
+        made = iter(unfilled.unfilled(buffers, dtype, filled_rows=snap.depth))
+    else:
         return []
-    made = iter(unfilled.unfilled(buffers, pool.layout.dtype, filled_rows=snap.depth))
     for layer, _ in _full(pool):
         shadow.cache[layer].keys, shadow.cache[layer].values = next(made), next(made)
     return _rows(pool, snap.layout, shadow)

@@ -8,6 +8,7 @@ import copy
 
 import mlx.core as mx
 import pytest
+from mlx_lm.models.cache import KVCache
 
 from cas.buffers import scatter
 from engine import unfilled
@@ -63,17 +64,46 @@ def test_an_intake_without_a_zero_fill_is_bit_identical(monkeypatch):
     planes = encode(a.export())
     assert planes.layout["capacity"] > a.depth  # rows past the depth exist
     for _ in range(3):
-        ones = [mx.ones(c.keys.shape) for c in a.state.cache for _ in "KV"]
-        mx.eval(ones)
-        del ones
-        b = pool.slot(1)
-        b.reset()
-        intake = b.intake(planes.layout)
-        fill(intake, planes)
-        b.restore(intake, prompt=a.tokens)
+        b = restored_over_ones(pool, a, planes)
         assert physical(b) == physical(a)
     assert continue_greedy(b) == continue_greedy(a)
     assert len(made) == 3  # each restore's full layers came from unfilled
+
+
+def test_an_intake_that_fills_its_capacity_is_packed_and_bit_identical(monkeypatch):
+    """A cut as deep as its capacity (an aligned cut of the demo model always is) has its
+    full layers' buffers made as views of a few unfilled buffers, over memory freed
+    caches full of ones left behind: it restores to the cut, and the cache grows from it
+    (its next tokens, more prompt) exactly as the cut's own would."""
+    monkeypatch.setattr(unfilled, "_crossover", 1 << 60)  # below it: packed all the same
+    made = calls(monkeypatch, unfilled, "packed")
+    pool = tiny_pool(2)
+    tokens = prompt(KVCache.step + 40, seed=4)
+    a = cold(pool, tokens[: KVCache.step], 0)
+    planes = encode(a.export())
+    assert planes.layout["capacity"] == a.depth
+    for _ in range(2):
+        b = restored_over_ones(pool, a, planes)
+        assert physical(b) == physical(a)
+    assert len(made) == 2
+    assert continue_greedy(b) == continue_greedy(a)
+    b = restored_over_ones(pool, a, planes)
+    b.prefill(tokens[KVCache.step :])
+    assert physical(b) == physical(cold(pool, tokens, 0))
+
+
+def restored_over_ones(pool, a, planes: Planes):
+    """Slot 1 restored from `planes` (slot `a`'s cut) through an intake, once caches of
+    `a`'s shapes full of ones were freed for the allocator to hand out."""
+    ones = [mx.ones(c.keys.shape) for c in a.state.cache for _ in "KV"]
+    mx.eval(ones)
+    del ones
+    b = pool.slot(1)
+    b.reset()
+    intake = b.intake(planes.layout)
+    fill(intake, planes)
+    b.restore(intake, prompt=a.tokens)
+    return b
 
 
 def test_an_intake_below_the_crossover_keeps_the_zero_fill(monkeypatch):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from engine import unfilled as unfilled_module
-from engine.unfilled import calibrate, crossover, unfilled, worth_it
+from engine.unfilled import calibrate, crossover, packed, unfilled, worth_it
 
 # Different heads per array, so a tensor's tail rows lie at different offsets.
 SHAPES = [(1, 2, 96, 16), (1, 3, 96, 16), (1, 2, 96, 16)]
@@ -51,12 +51,48 @@ def test_the_memory_is_not_filled():
     assert any(np.array(a[..., :200, :]).any() for a in arrays)
 
 
+def test_packed_arrays_are_views_of_few_unfilled_buffers(monkeypatch):
+    """Each run of equal shapes comes out of one unfilled buffer (a new one past
+    GROUP_BYTES), and each array is its own bytes: written through its buffer, read back
+    as its values, no other array changed."""
+    asked: list[list[tuple[int, ...]]] = []
+    real = unfilled_module.unfilled
+
+    def recorded(shapes, *args, **kwargs):
+        asked.append(shapes)
+        return real(shapes, *args, **kwargs)
+
+    monkeypatch.setattr(unfilled_module, "unfilled", recorded)
+    small, large = (1, 2, 96, 16), (1, 3, 96, 16)
+    monkeypatch.setattr(unfilled_module, "GROUP_BYTES", 2 * 2 * 96 * 16 * 4)  # two small
+    shapes = [small] * 3 + [large] * 2 + [small]
+    arrays = packed(shapes, "float32")
+    assert [tuple(a.shape) for a in arrays] == shapes and {a.dtype for a in arrays} == {mx.float32}
+    # small x2 | small | large (too large to share) | large | small
+    assert asked == [[(2, 2, 96, 16), small, large, large, small]]
+    for i, a in enumerate(arrays):
+        memoryview(a).cast("B")[:] = np.full(a.size, i + 1, dtype=np.float32).tobytes()
+    for i, a in enumerate(arrays):
+        assert (np.array(a) == i + 1).all()
+
+
+def test_packed_memory_is_not_filled():
+    shapes = [(1, 4, 256, 64)] * 4
+    dirty([(4, 4, 256, 64)], mx.float32)
+    assert any(np.array(a).any() for a in packed(shapes, "float32"))
+
+
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="filled_rows"):
         unfilled(SHAPES, "float32", filled_rows=97)
     with pytest.raises(ValueError, match="dtype"):
         unfilled(SHAPES, "int8", filled_rows=0)
     assert unfilled([], "float32", filled_rows=0) == []
+    with pytest.raises(ValueError, match="dtype"):
+        packed(SHAPES, "int8")
+    with pytest.raises(ValueError, match="filled_rows"):
+        packed([(16,)], "float32")
+    assert packed([], "float32") == []
 
 
 def test_the_crossover_is_where_the_zero_fill_costs_what_unfilled_does():

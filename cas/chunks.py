@@ -29,15 +29,16 @@
 Copies per byte on the read path (store to destination): from a local directory 1 —
 the decryption reads the file's pages in the page cache, mapped, and into a destination
 in segments each run is copied out after it is decrypted into a run buffer and hashed
-there (cas/seal.py Opening; into one buffer, the decryption writes the destination
-itself: 0). From S3 2: the kernel's read of the socket (cas/s3_get.py) into the scratch
-buffer, then the copy out; the runs are opened while still in the cache: the open
-trails the read. On S3 through
+there (cas/seal.py Opening; a run that one segment holds whole, and a destination of
+one buffer, the decryption writes in place: 0). From S3 2 (1 for such runs): the
+kernel's read of the socket (cas/s3_get.py) into the scratch buffer, then the copy out;
+the runs are opened while still in the cache: the open trails the read. On S3 through
 aiobotocore (where a proxy is set for the endpoint), 4: the kernel's socket read into a
 bytes object, aiohttp's HTTP parser copying the body out of it, aiobotocore's `readinto`
 copying that into the scratch buffer (5 where aiohttp first joins several buffered
-pieces), the copy out. The re-hash reads each byte once, in the run buffer; a chunk
-opened after its read hashes on a lane (cas/lanes.py) while its runs are copied out.
+pieces), the copy out. The re-hash reads each byte once, in the run buffer or where it
+was decrypted in place; a chunk opened after its read hashes on a lane (cas/lanes.py)
+while its next runs are decrypted.
 The engine's own count continues in engine/state.py.
 
 Memory: get_into holds up to max_concurrency scratch buffers of the largest sealed chunk

@@ -4,7 +4,8 @@ A chunk read whole into its scratch buffer and opened afterwards crosses the mem
 twice more than it must: the read pushes 11 MiB out of the cache and the open reads it
 back. A trail rides on the S3 GET instead (`landed`, cas/store.py; cas/s3_get.py): on the
 reading thread, as the runs of at most PIECE bytes land, it decrypts them into a run
-buffer, hashes them and copies them into the chunk's destinations (cas/seal.py
+buffer, hashes them and copies them into the chunk's destinations, or decrypts and
+hashes them in place where one destination holds a run whole (cas/seal.py
 Opening; a run starts at a multiple of 64 KiB in the stream, so the last part of each
 read waits for the next). That needs the destinations:
 a read that lands before the engine has made them (the first chunks of a restore, read

@@ -27,9 +27,11 @@ any thread (cas ChunkStore.get_into with segments); then `slot.restore(intake,
 prompt=...)` checks every head and swaps the shadow in, once. Nothing is decoded,
 joined or copied after the open: copies per byte from the store to the slot are 1 from
 a local directory (the copy of the bytes, decrypted from the file's mapped pages into a
-run buffer and hashed there, into the slot's cache), 2 from S3 (first the kernel's read
-of the socket into cas's scratch buffer), 4 on S3 through a proxy (cas/chunks.py counts
-them).
+run buffer and hashed there, into the slot's cache; 0 for the runs of a part whose
+destination is one buffer, a cut of one block that fills its capacity: decrypted
+straight into it, cas/seal.py Opening), 2 from S3 (first the kernel's read of the socket
+into cas's scratch buffer; 1 for those runs), 4 on S3 through a proxy (cas/chunks.py
+counts them).
 """
 
 from __future__ import annotations
@@ -75,15 +77,19 @@ class Intake:
 
     def _allocate(self) -> None:
         """The shadow's buffers (the largest without a zero fill: codec.allocate) and
-        each part's segments, once (on the thread running MLX)."""
+        each part's segments, once (on the thread running MLX): a part's spanning
+        buffers where it has them, else the views its kind makes."""
         if self._segments or self._shadow is None:
             return
-        self.snapshot = codec.allocate(self.pool, self.snapshot, self._shadow)
-        mx.eval(self._shadow.arrays())
+        self.snapshot, spans = codec.allocate(self.pool, self.snapshot, self._shadow)
+        mx.eval([*self._shadow.arrays(), *(b for span in spans.values() for b in span)])
         parts = self.snapshot.parts
-        for part, segments in zip(
-            parts, codec.segments(self.pool, parts, self._shadow), strict=True
-        ):
+        rest = [p for p in parts if p.role not in spans]
+        made = codec.segments(self.pool, rest, self._shadow)
+        views = dict(zip([p.role for p in rest], made, strict=True))
+        for part in parts:
+            span = spans.get(part.role)
+            segments = _flat(span) if span else views[part.role]
             expected = frame.head(part.kind, part.arrays, **part.fields)
             landed = memoryview(bytearray(len(expected) + frame.DIGEST_SIZE))
             self._heads[part.role] = (expected, landed)
@@ -147,6 +153,10 @@ class Intake:
         # so that any thread may read them: here, unless evaluate_parts already did.
         mx.eval(self.snapshot.arrays())
         return self.snapshot, shadow
+
+
+def _flat(buffers: Sequence[mx.array]) -> list[memoryview]:
+    return [memoryview(b).cast("B") for b in buffers]  # type: ignore[arg-type]  # mlx stubs lack __buffer__
 
 
 def read(pool: PoolShape, source: Source) -> tuple[Snapshot, SlotState]:

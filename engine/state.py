@@ -47,9 +47,12 @@ Copies per byte from the object store to the slot, on the durable read path:
 - into an intake (engine/intake.py: Slot.intake, cas ChunkStore.get_into with its
   segments, Slot.restore): 1 from a local directory — the copy of each run, decrypted
   (from the file's mapped pages in the page cache) and re-hashed in a run buffer, into
-  the slot's own cache buffers (cas/seal.py Opening); 2 from S3 (first the kernel's read
-  of the socket into cas's scratch buffer); on S3 through a proxy 4 (two more inside the
-  HTTP client, counted in cas/chunks.py). Nothing is decoded or joined afterwards.
+  the slot's own cache buffers (cas/seal.py Opening); 0 for a run that one segment holds
+  whole (a cut of one block that fills its capacity lands in one packed buffer,
+  engine/codec/blocks.py allocate): decrypted into it and re-hashed there; 2 from S3
+  (first the kernel's read of the socket into cas's scratch buffer; 1 for such a run);
+  on S3 through a proxy 4 (two more inside the HTTP client, counted in cas/chunks.py).
+  Nothing is decoded or joined afterwards.
 - through part buffers (ChunkStore.get_into into part_buffer()s, verified Planes,
   Slot.restore): as above into the part buffers, then 0 to decode (views), and 1 more for
   a block's bytes when install joins the blocks into the KV cache at its capacity (mlx-lm's

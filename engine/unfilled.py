@@ -51,7 +51,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import BinaryIO, cast
+from typing import BinaryIO, NamedTuple, cast
 
 import mlx.core as mx
 
@@ -124,7 +124,12 @@ def unfilled(
     return [loaded[str(i)] for i in range(len(shapes))]
 
 
-def packed(shapes: Sequence[tuple[int, ...]], dtype: str) -> list[mx.array]:
+class Packed(NamedTuple):
+    arrays: list[mx.array]  # the arrays asked for, in order
+    buffers: list[mx.array]  # what they are views of: their bytes end to end, in order
+
+
+def packed(shapes: Sequence[tuple[int, ...]], dtype: str) -> Packed:
     """Arrays of `shapes` and dtype name `dtype`, every byte for the caller to overwrite:
     a run of equal shapes is split, along axis 0, out of one unfilled buffer of at most
     GROUP_BYTES (an array larger than that has a buffer of its own)."""
@@ -139,8 +144,9 @@ def packed(shapes: Sequence[tuple[int, ...]], dtype: str) -> list[mx.array]:
         else:
             runs.append((shape, 1))
     buffers = unfilled([(n * s[0], *s[1:]) for s, n in runs], dtype, filled_rows=None)
-    return [a for (_, n), buffer in zip(runs, buffers, strict=True)
-            for a in (mx.split(buffer, n, axis=0) if n > 1 else [buffer])]  # fmt: skip
+    arrays = [a for (_, n), buffer in zip(runs, buffers, strict=True)
+              for a in (mx.split(buffer, n, axis=0) if n > 1 else [buffer])]  # fmt: skip
+    return Packed(arrays, buffers)
 
 
 class _Header(io.RawIOBase):

@@ -220,12 +220,17 @@ def receive(pool: PoolShape, layout: Mapping[str, Any], shadow: SlotState) -> Sn
     return Snapshot(identity, depth, alignment, layout, tuple(parts))
 
 
-def allocate(pool: PoolShape, snap: Snapshot, shadow: SlotState) -> Snapshot:
+def allocate(
+    pool: PoolShape, snap: Snapshot, shadow: SlotState
+) -> tuple[Snapshot, dict[str, list[mx.array]]]:
     """A received, gated cut with its largest buffers made again (blocks.allocate:
     without a zero fill where that pays) and its parts over them; evaluating the shadow
-    makes the rest."""
-    made = {p.role: p for p in blocks.allocate(pool, snap, shadow)}
-    return dataclasses.replace(snap, parts=tuple(made.get(p.role, p) for p in snap.parts))
+    makes the rest. And the spans: each part whose payload lies whole in a few buffers,
+    end to end in frame order, with those buffers (its destination, in place of
+    `segments`)."""
+    made, spans = blocks.allocate(pool, snap, shadow)
+    found = {p.role: p for p in made}
+    return dataclasses.replace(snap, parts=tuple(found.get(p.role, p) for p in snap.parts)), spans
 
 
 def segments(pool: PoolShape, parts: Sequence[Part], shadow: SlotState) -> list[list[memoryview]]:

@@ -133,21 +133,29 @@ def receive(pool: PoolShape, layout: Mapping[str, Any], shadow: SlotState) -> li
     return _rows(pool, layout, shadow)
 
 
-def allocate(pool: PoolShape, snap: Snapshot, shadow: SlotState) -> list[Part]:
+def allocate(
+    pool: PoolShape, snap: Snapshot, shadow: SlotState
+) -> tuple[list[Part], dict[str, list[mx.array]]]:
     """For a gated cut, received: its full layers' buffers made again without their zero
     fill (engine/unfilled.py) — packed, where the cut fills their capacity; else, where
     they are large, each on its own with the rows past the depth still zeros — and its
-    blocks' parts made again as views of them; none where the zero fill is kept."""
-    buffers, dtype = _buffers(pool, snap.layout["capacity"]), pool.layout.dtype
-    if snap.depth == snap.layout["capacity"]:
-        made = iter(unfilled.packed(buffers, dtype))
-    elif unfilled.worth_it(_nbytes(pool, buffers)):
-        made = iter(unfilled.unfilled(buffers, dtype, filled_rows=snap.depth))
+    blocks' parts made again as views of them (none where the zero fill is kept). And
+    the spans: for a cut of one block that fills the capacity, its role and the packed
+    buffers, which hold its payload end to end in frame order (the intake's destination
+    is then one buffer, not one row run per head and layer)."""
+    capacity, dtype = snap.layout["capacity"], pool.layout.dtype
+    shapes = _buffers(pool, capacity)
+    if snap.depth == capacity:
+        arrays, buffers = unfilled.packed(shapes, dtype)
+    elif unfilled.worth_it(_nbytes(pool, shapes)):
+        arrays, buffers = unfilled.unfilled(shapes, dtype, filled_rows=snap.depth), []
     else:
-        return []
-    for layer, _ in _full(pool):
-        shadow.cache[layer].keys, shadow.cache[layer].values = next(made), next(made)
-    return _rows(pool, snap.layout, shadow)
+        return [], {}
+    full = _full(pool)
+    for j, (layer, _) in enumerate(full):
+        shadow.cache[layer].keys, shadow.cache[layer].values = arrays[j], arrays[len(full) + j]
+    parts = _rows(pool, snap.layout, shadow)
+    return parts, ({parts[0].role: buffers} if len(parts) == 1 and buffers else {})
 
 
 def calibrate(pool: PoolShape, nbytes: int) -> int | None:
@@ -166,8 +174,9 @@ def _shapes(pool: PoolShape, capacity: int) -> list[tuple[int, ...]]:
 
 
 def _buffers(pool: PoolShape, capacity: int) -> list[tuple[int, ...]]:
-    """Every full layer's K and V buffer shape at `capacity`, in the order they are made."""
-    return [s for s in _shapes(pool, capacity) for _ in "KV"]
+    """Every full layer's K buffer shape at `capacity`, then every V's: a block's frame
+    order, in which they are made."""
+    return _shapes(pool, capacity) * 2
 
 
 def _nbytes(pool: PoolShape, shapes: Sequence[tuple[int, ...]]) -> int:

@@ -10,6 +10,7 @@ import pytest
 from cas.errors import ChunkCorrupt, UnknownKey
 from cas.ids import ChunkId
 from cas.keys import Keyring
+from cas.lanes import Lanes
 from cas.seal import (
     MAGIC,
     NONCE_SIZE,
@@ -18,6 +19,7 @@ from cas.seal import (
     VERSION,
     VERSION_V1,
     ChunkSeal,
+    Opening,
     header,
     max_sealed_size,
     plausible_sizes,
@@ -290,3 +292,34 @@ def test_opening_streamed_in_landings_matches_the_plaintext(step):
         else:
             with pytest.raises(ChunkCorrupt, match="tag"):
                 opening.finish()
+
+
+@pytest.mark.parametrize("lanes", [0, 2], ids=["hashed-inline", "hash-lane"])
+def test_a_run_one_segment_holds_is_opened_in_place(monkeypatch, lanes):
+    """A run that lies whole in one segment is decrypted and hashed where it belongs, with
+    no run buffer and no copy out; a run across segments goes through a run buffer. The
+    plaintext lands in order either way, and damage in a run opened in place still
+    fails the tag."""
+    ring = Keyring.generate()
+    data = os.urandom(3 * RUN + 999)
+    cid, sealed = _sealed(ring, data)
+    seal, key, lent = ChunkSeal(ring), ring.digest_key(NS), Lanes(size=lanes)
+    copied: list[int] = []
+    scatter = Opening._scatter
+
+    def counted(self, run):
+        copied.append(run.nbytes)
+        scatter(self, run)
+
+    monkeypatch.setattr(Opening, "_scatter", counted)
+    head_then_one = [1500, len(data) - 1500]  # a frame's head, then one buffer
+    for sizes, copies in ((head_then_one, [RUN]), ([64 << 10] * 48 + [999], [RUN] * 3)):
+        segs = _segments(sizes)
+        seal.open_into(cid, sealed, segs, digest_key=key, lanes=lent)
+        assert b"".join(s.tobytes() for s in segs) == data
+        assert copied == copies
+        copied.clear()
+    damaged = bytearray(sealed)
+    damaged[-RUN] ^= 1  # in the last full run, which its segment holds whole
+    with pytest.raises(ChunkCorrupt, match="tag"):
+        seal.open_into(cid, damaged, _segments(head_then_one), digest_key=key, lanes=lent)

@@ -14,6 +14,7 @@ from cas.buffers import scatter
 from engine import unfilled
 from engine.errors import PlanesInvalid, RestoreRefused, ShapeMismatch
 from engine.format import encode
+from engine.slots import SlotPool
 from engine.state import Planes
 from tests.engine.slotkit import (
     PROMPT,
@@ -23,6 +24,7 @@ from tests.engine.slotkit import (
     drop_logits,
     physical,
     prompt,
+    tiny,
     tiny_pool,
 )
 
@@ -70,22 +72,28 @@ def test_an_intake_without_a_zero_fill_is_bit_identical(monkeypatch):
     assert len(made) == 3  # each restore's full layers came from unfilled
 
 
-def test_an_intake_that_fills_its_capacity_is_packed_and_bit_identical(monkeypatch):
+@pytest.mark.parametrize("alignment", [TINY_A, KVCache.step], ids=["four-blocks", "one-block"])
+def test_an_intake_that_fills_its_capacity_is_packed_and_bit_identical(monkeypatch, alignment):
     """A cut as deep as its capacity (an aligned cut of the demo model always is) has its
     full layers' buffers made as views of a few unfilled buffers, over memory freed
     caches full of ones left behind: it restores to the cut, and the cache grows from it
-    (its next tokens, more prompt) exactly as the cut's own would."""
+    (its next tokens, more prompt) exactly as the cut's own would. A cut of one block
+    lands in those buffers whole: its destination is the frame head, then one buffer."""
     monkeypatch.setattr(unfilled, "_crossover", 1 << 60)  # below it: packed all the same
     made = calls(monkeypatch, unfilled, "packed")
-    pool = tiny_pool(2)
+    pool = SlotPool(tiny("default", alignment), num_slots=2)
     tokens = prompt(KVCache.step + 40, seed=4)
     a = cold(pool, tokens[: KVCache.step], 0)
     planes = encode(a.export())
     assert planes.layout["capacity"] == a.depth
+    roles = [role for role, _ in planes.parts]
+    intake = pool.slot(1).intake(planes.layout)
+    block = intake.destinations([(role, len(data)) for role, data in planes.parts])[0]
+    assert roles[0] == "block/0" and (len(block) == 2) == (alignment == KVCache.step)
     for _ in range(2):
         b = restored_over_ones(pool, a, planes)
         assert physical(b) == physical(a)
-    assert len(made) == 2
+    assert len(made) == 3
     assert continue_greedy(b) == continue_greedy(a)
     b = restored_over_ones(pool, a, planes)
     b.prefill(tokens[KVCache.step :])

@@ -53,8 +53,8 @@ def test_the_memory_is_not_filled():
 
 def test_packed_arrays_are_views_of_few_unfilled_buffers(monkeypatch):
     """Each run of equal shapes comes out of one unfilled buffer (a new one past
-    GROUP_BYTES), and each array is its own bytes: written through its buffer, read back
-    as its values, no other array changed."""
+    GROUP_BYTES), each array is its own bytes (written through its buffer, read back as
+    its values, no other array changed), and the buffers hold the arrays end to end."""
     asked: list[list[tuple[int, ...]]] = []
     real = unfilled_module.unfilled
 
@@ -66,7 +66,7 @@ def test_packed_arrays_are_views_of_few_unfilled_buffers(monkeypatch):
     small, large = (1, 2, 96, 16), (1, 3, 96, 16)
     monkeypatch.setattr(unfilled_module, "GROUP_BYTES", 2 * 2 * 96 * 16 * 4)  # two small
     shapes = [small] * 3 + [large] * 2 + [small]
-    arrays = packed(shapes, "float32")
+    arrays, buffers = packed(shapes, "float32")
     assert [tuple(a.shape) for a in arrays] == shapes and {a.dtype for a in arrays} == {mx.float32}
     # small x2 | small | large (too large to share) | large | small
     assert asked == [[(2, 2, 96, 16), small, large, large, small]]
@@ -74,12 +74,15 @@ def test_packed_arrays_are_views_of_few_unfilled_buffers(monkeypatch):
         memoryview(a).cast("B")[:] = np.full(a.size, i + 1, dtype=np.float32).tobytes()
     for i, a in enumerate(arrays):
         assert (np.array(a) == i + 1).all()
+    assert len(buffers) == 5
+    joined = np.concatenate([np.array(b).reshape(-1) for b in buffers])
+    assert (joined == np.concatenate([np.array(a).reshape(-1) for a in arrays])).all()
 
 
 def test_packed_memory_is_not_filled():
     shapes = [(1, 4, 256, 64)] * 4
     dirty([(4, 4, 256, 64)], mx.float32)
-    assert any(np.array(a).any() for a in packed(shapes, "float32"))
+    assert any(np.array(a).any() for a in packed(shapes, "float32").arrays)
 
 
 def test_bad_arguments_are_refused():
@@ -92,7 +95,7 @@ def test_bad_arguments_are_refused():
         packed(SHAPES, "int8")
     with pytest.raises(ValueError, match="filled_rows"):
         packed([(16,)], "float32")
-    assert packed([], "float32") == []
+    assert packed([], "float32") == ([], [])
 
 
 def test_the_crossover_is_where_the_zero_fill_costs_what_unfilled_does():

@@ -268,10 +268,10 @@ class Opening:
     itself), hashed there and copied into the segments it belongs in. A block's frame
     lands in one segment per head and layer (64 KiB for the demo model) but where the
     engine lays it in one buffer (a one-block cut that fills its capacity): then every
-    run past the first lands in place. A 256-token restore of the demo model, both in
-    place against both through run buffers (Intel Xeon VM, `restore_phases.py`'s
-    restore in one process, alternating, 150 each way, two runs): 4.98 and 5.36 ms
-    against 7.02 and 7.32 ms at the median. `finish`
+    run past the first lands in place. A 256-token restore of the demo model, its block
+    laid in one buffer and opened in place, against one through run buffers (Intel Xeon
+    VM, `restore_phases.py`'s restore in one process, alternating, 150 each way, two
+    runs): 4.98 and 5.36 ms against 7.02 and 7.32 ms at the median. `finish`
     opens what is left — hashing those runs on a lane of `lanes` where one is free
     (cas/lanes.py), the read being over — then checks the tag and the digest. `sealed`
     is only read. Until finish returns, the segments hold garbage. Used by one thread at

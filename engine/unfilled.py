@@ -111,8 +111,10 @@ def unfilled(
     """Arrays of `shapes` (rows along axis -2) and dtype name `dtype`, each row from
     `filled_rows` on zeros and each row before it for the caller to overwrite (None: every
     row is the caller's)."""
-    rows = [s[-2] if filled_rows is None and len(s) >= 2 else filled_rows or 0 for s in shapes]
-    if any(len(s) < 2 or not 0 <= r <= s[-2] for s, r in zip(shapes, rows, strict=True)):
+    if any(len(s) < 2 for s in shapes):
+        raise ValueError(f"shapes {list(shapes)} need rows (filled_rows counts along axis -2)")
+    rows = [s[-2] if filled_rows is None else filled_rows for s in shapes]
+    if any(not 0 <= r <= s[-2] for s, r in zip(shapes, rows, strict=True)):
         raise ValueError(f"filled_rows {filled_rows} is not a row count of shapes {shapes}")
     if dtype not in SAFETENSORS:
         raise ValueError(f"no unfilled arrays of dtype {dtype!r}")

@@ -8,8 +8,10 @@ turn `rounds` times, streamed: each request evicts the other prompt's state, so 
 a durable restore. Printed: the client's time to first token and the server's restore
 seconds (GET /v1/admin/restores), median, p10 and p90, and the median of their
 difference: what a hit costs outside the restore (parsing, the catalog lookup, the
-first token's draw and its way out to the client). `--max-tokens` above 1 gives the
-engine a next token to start on while the first one leaves.
+first token's draw and its way out to the client); then the whole request and the
+stream's end after its last token (what the engine still does once the last token has
+left: the end of the stream waits for it). `--max-tokens` above 1 gives the engine a
+next token to start on while the first one leaves.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def main() -> None:
     tokenizer = load_model(MODEL).tokenizer
     prompts = [prompt_tokens(tokenizer, args.depth, seed=seed, title=name)
                for seed, name in enumerate(("Alpha", "Beta"))]  # fmt: skip
-    ttft, restore = [], []
+    ttft, restore, whole, tail = [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "vault"
         data.mkdir()
@@ -54,12 +56,15 @@ def main() -> None:
                     sys.exit(f"round {i}: not a durable restore: {leg.get('error') or leg['tier']}")
                 ttft.append(leg["ttft_s"] * 1000)
                 restore.append(leg["server_restores"][0]["seconds"] * 1000)
+                whole.append(leg["total_s"] * 1000)
+                tail.append((leg["total_s"] - leg["token_times_s"][-1]) * 1000)
     outside = [t - r for t, r in zip(ttft, restore, strict=True)]
     print(f"depth {args.depth}, {args.rounds} durable restores in one server (local directory):")
-    rows = (("time to first token", ttft), ("restore", restore), ("outside it", outside))
+    rows = (("time to first token", ttft), ("restore", restore), ("outside it", outside),
+            ("whole request", whole), ("end after last token", tail))  # fmt: skip
     for name, ms in rows:
         p10, p90 = quantile(sorted(ms), 0.1), quantile(sorted(ms), 0.9)
-        print(f"  {name:19s} median {statistics.median(ms):6.2f} ms, p10 {p10:6.2f}, p90 {p90:.2f}")
+        print(f"  {name:20s} median {statistics.median(ms):6.2f} ms, p10 {p10:6.2f}, p90 {p90:.2f}")
 
 
 if __name__ == "__main__":

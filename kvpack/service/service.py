@@ -386,7 +386,10 @@ class Service:
                 if delta and on_text is not None:
                     on_text(delta)
             yield "decode"
-            decoding.feed()
+            # The last token is sent, never run: nothing draws from its logits, and a
+            # session that continues prefills it with its next turn's tokens, in one batch.
+            if not decoding.done:
+                decoding.feed()
         rest = text.finish()
         if rest and on_text is not None:
             on_text(rest)

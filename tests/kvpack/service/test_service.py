@@ -90,13 +90,14 @@ def test_counter_alibi_resident_and_session_continuation(settings, open_service)
         }
     )
     last = ask(svc, P)
+    assert last.finish_reason == "length"  # its last token was sent, never run
     before = counters(svc)
     follow = ask(svc, [*P, *last.tokens, 10, 11, 12])
-    assert (follow.tier, follow.cached_tokens) == ("session", len(P) + len(last.tokens))
+    assert (follow.tier, follow.cached_tokens) == ("session", len(P) + len(last.tokens) - 1)
     delta = moved(before, counters(svc))
     assert delta["kvpack_session_continuations_total"] == 1
     assert not any(k.startswith("kvpack_hits_total") for k in delta)
-    assert delta["kvpack_prefill_tokens_total"] == 3
+    assert delta["kvpack_prefill_tokens_total"] == 4  # that token, then the new three
 
 
 def test_durable_warm_on_a_fresh_instance_is_bit_identical_with_counter_alibi(
@@ -318,4 +319,5 @@ def test_a_drawn_token_is_sent_before_the_model_runs_it(settings, open_service):
     )
     assert warm.tier == "resident" and warm.tokens == cold.tokens
     assert depths == [len(P) + i for i in range(len(warm.tokens))]
-    assert slot.depth == len(P) + len(warm.tokens)  # every token fed by the end
+    # Every token but the last was run; the last was sent, and nothing draws after it.
+    assert warm.finish_reason == "length" and slot.depth == len(P) + len(warm.tokens) - 1

@@ -265,9 +265,9 @@ class Vault:
         chunks = self.chunks(namespace)
         self.run(chunks.warm(size, probe_key=READY_PROBE_KEY), READY_PROBE_TIMEOUT_S)
 
-    def warm_chunk(self, scope: Scope, recent: int) -> bool:
-        """The first chunk of the scope's most recently used cut, among the `recent` most
-        recently used cuts whose manifests are held (`preload_manifests`), read from a
+    def warm_chunk(self, scope: Scope, recent: Sequence[Cut]) -> bool:
+        """The first chunk of the scope's first cut among `recent` (the most recently used
+        first, as `preload_manifests` returns them) whose manifest is held, read from a
         remote store the way a durable hit reads it (from S3 the direct GET, opened behind
         the read on its thread) into two halves of a buffer that is then dropped
         (kvpack/service/warm.py). False where there is none, and from a store that maps
@@ -276,8 +276,7 @@ class Vault:
         chunks = self.chunks(scope.namespace)
         if chunks.maps:
             return False
-        cuts = self.read(lambda s: queries.recent_cuts(session=s, limit=recent))
-        for cut in cuts:
+        for cut in recent:
             held = self.opened.get(cut.object_key)
             if cut.identity != scope.identity or held is None:
                 continue
@@ -303,14 +302,15 @@ class Vault:
         keys = (ChunkStore.key(ChunkId.from_hex(chunk)) for chunk, _ in chunks)
         return preload(keys, until=until)
 
-    def preload_manifests(self, count: int, seconds: float) -> int:
+    def preload_manifests(self, count: int, seconds: float) -> list[Cut]:
         """The manifests of the `count` most recently used cuts (last hit, else published)
         opened into `opened`, PRELOAD_IN_FLIGHT at a time, for at most `seconds`: a
         restarted server's first durable hits then read only their chunks
         (kvpack/service/warm.py). A manifest that does not open is skipped: the hit that
-        needs it reads it again and refuses it there. How many of them are held."""
+        needs it reads it again and refuses it there. The cuts whose manifests are held,
+        the most recently used first."""
         if count <= 0:
-            return 0
+            return []
         cuts = self.read(lambda s: queries.recent_cuts(session=s, limit=count))
 
         async def one(cut: Cut) -> None:
@@ -319,7 +319,7 @@ class Vault:
 
         with suppress(TimeoutError):  # what was read by then stays held
             self.run(bounded([partial(one, cut) for cut in cuts], PRELOAD_IN_FLIGHT), seconds)
-        return sum(cut.object_key in self.opened for cut in cuts)
+        return [cut for cut in cuts if cut.object_key in self.opened]
 
     def read_cut(self, cut: Cut, scope: Scope) -> ChunkReading:
         """The cut's manifest opened and verified as open_cut does, and its chunks on

@@ -78,6 +78,7 @@ from typing import Any
 
 from cas.buffers import scatter
 from catalog.ids import ManifestId
+from catalog.queries import Cut
 from catalog.scope import Scope
 from engine import format as planes_format
 from engine import memory
@@ -101,12 +102,13 @@ def warm(service: Service) -> dict[str, float]:
     vocab = tenant.pool.vocab_size
     tokens = [(7919 * i + 1) % vocab for i in range(WARM_TOKENS)]
     vault, scope = service.vault, tenant.scope
+    recent: list[Cut] = []  # the manifests phase's cuts, for the chunk phase
     phases: dict[str, Callable[[], object]] = {
         "memory": lambda: memory.reserve(service.restore_reserve) if memory.kept() else None,
         "shadow": tenant.pool.calibrate,
         "store": lambda: _store(vault, scope.namespace, block_bytes(service.loaded)),
-        "manifests": lambda: _manifests(vault),
-        "chunk": lambda: vault.warm_chunk(scope, WARM_MANIFESTS),
+        "manifests": lambda: recent.extend(_manifests(vault)),
+        "chunk": lambda: vault.warm_chunk(scope, recent),
         "cache": lambda: _preload(vault, service.preload),
         "catalog": lambda: _catalog(vault, scope, tokens),
         "engine": lambda: _engine(service, tenant.pool.slot(0), tokens),
@@ -133,10 +135,11 @@ def _store(vault: Vault, namespace: str, size: int) -> None:
     vault.warm_reads(namespace, size)
 
 
-def _manifests(vault: Vault) -> None:
+def _manifests(vault: Vault) -> list[Cut]:
     held = vault.preload_manifests(WARM_MANIFESTS, PRELOAD_SECONDS)
     if held:
-        log.info("warm start: the manifests of %d recently used cuts opened", held)
+        log.info("warm start: the manifests of %d recently used cuts opened", len(held))
+    return held
 
 
 def _preload(vault: Vault, budget: int) -> None:

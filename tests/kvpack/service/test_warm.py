@@ -166,13 +166,19 @@ def test_a_restart_opens_the_recently_used_cuts_manifests(shared_settings, open_
     assert read and not manifests & set(read)  # the chunks, and no manifest
 
 
-def test_a_restart_reads_a_recent_cuts_first_chunk_as_a_hit_would(shared_settings, open_service):
+def test_a_restart_reads_a_recent_cuts_first_chunk_as_a_hit_would(
+    shared_settings, open_service, monkeypatch
+):
     """The chunk phase: a restarted service on S3 reads the first chunk of its most
     recently used cut through the chunk store's read (the direct GET, opened behind the
     read), so its first durable hit runs none of that path for the first time; nothing
     is served, counted or stamped. From a local directory it reads none: which chunk
-    files come back into memory is the preload setting's to say."""
+    files come back into memory is the preload setting's to say. The recent cuts are
+    the manifests phase's: the catalog is asked for them once."""
     published_by_a_first_service(shared_settings, open_service)
+    asked = []
+    recent_cuts = queries.recent_cuts
+    monkeypatch.setattr(queries, "recent_cuts", lambda **k: asked.append(k) or recent_cuts(**k))
     second = open_service(shared_settings)
     vault = second.vault
     scope = second.tenant(second.loaded.identity.namespace).scope
@@ -186,7 +192,8 @@ def test_a_restart_reads_a_recent_cuts_first_chunk_as_a_hit_would(shared_setting
 
     chunks.get_into = recorded  # type: ignore[method-assign]
     warm(second)
-    newest = vault.read(lambda s: queries.recent_cuts(session=s, limit=1))[0]
+    assert len(asked) == 1
+    newest = vault.read(lambda s: recent_cuts(session=s, limit=1))[0]
     first_chunk = vault.opened.get(newest.object_key).manifest.chunk_refs[0]
     assert read == ([] if chunks.maps else [(first_chunk.id, first_chunk.size)])
     assert second.flush(30) and second.background.stats()["done"] == 0
@@ -201,14 +208,14 @@ def test_preloading_manifests_skips_one_that_does_not_open(shared_settings, open
     published_by_a_first_service(shared_settings, open_service)
     vault = open_service(shared_settings).vault
     newest, *older = vault.read(lambda s: queries.recent_cuts(session=s, limit=100))
-    assert vault.preload_manifests(1, 10.0) == 1 == len(vault.opened)
+    assert vault.preload_manifests(1, 10.0) == [newest] and len(vault.opened) == 1
     assert newest.object_key in vault.opened
     vault.opened = OpenedManifests()
     data = bytearray(vault.run(vault.objects.get(newest.object_key)))
     data[-3] ^= 0x04
     vault.run(vault.objects.delete(newest.object_key))
     assert vault.run(vault.objects.put_if_absent(newest.object_key, bytes(data)))
-    assert vault.preload_manifests(100, 10.0) == len(older) >= 1
+    assert vault.preload_manifests(100, 10.0) == older and len(older) >= 1
     assert newest.object_key not in vault.opened
     assert all(cut.object_key in vault.opened for cut in older)
 

@@ -215,7 +215,8 @@ def run_leg(
 ) -> dict[str, Any]:
     """One streamed completion, timed; never raises for the server's failures."""
     leg: dict[str, Any] = {"leg": name, "prompt_tokens_sent": len(tokens), "timeout_s": timeout_s,
-                           "valid": False, "error": None}  # fmt: skip
+                           "valid": False, "error": None,
+                           "started_at": datetime.now(UTC).isoformat()}  # fmt: skip
     try:
         leg["publication_before"] = settle(base_url, timeout_s=timeout_s)
         leg["counters_before"] = scrape(base_url)

@@ -19,7 +19,7 @@ from sqlalchemy import exists, func, select
 from sqlalchemy.orm import Session
 
 from catalog import quotas
-from catalog.models import ChunkRow, IdentityRow, ManifestChunkRow, ManifestRow
+from catalog.models import LAST_USE, ChunkRow, IdentityRow, ManifestChunkRow, ManifestRow
 
 
 @dataclass
@@ -53,13 +53,12 @@ class GcPlan:
 
 def plan(*, session: Session, budget_bytes: int | None, cutoff: datetime) -> GcPlan:
     m, mc, c, i = ManifestRow, ManifestChunkRow, ChunkRow, IdentityRow
-    last_use = func.coalesce(m.last_hit_at, m.created_at)
     order: list[tuple[str, str | None]] = [
         (r.id, r.namespace)
         for r in session.execute(
             select(m.id, i.namespace)
             .outerjoin(i, i.digest == m.identity)
-            .order_by(last_use, m.created_at, m.id)
+            .order_by(LAST_USE, m.created_at, m.id)
         )
     ]
     chunks_of: dict[str, list[str]] = defaultdict(list)

@@ -52,6 +52,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
+    func,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -125,6 +126,15 @@ class ManifestRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     last_hit_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     hits: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+
+
+# A cut's last use: its last hit, else its publication. Recent cuts (a restart's warm
+# start), GC's eviction order and the least recently hit are read in its order, which
+# the index keeps, so each is a walk of the index, not a sort of every manifest: on a
+# 1M-manifest PostgreSQL catalog the 256 most recent took about 0.55 s sorted. Each hit's
+# stamp updates the index too, off the response path (the background worker).
+LAST_USE = func.coalesce(ManifestRow.last_hit_at, ManifestRow.created_at)
+Index("ix_manifests_last_use", LAST_USE, ManifestRow.created_at, ManifestRow.id)
 
 
 class ManifestChunkRow(Base):

@@ -292,13 +292,14 @@ class Vault:
         """The chunks of the most recently used cuts, up to `budget` bytes, read into the
         page cache from a store that keeps them in files on this machine (a local
         directory): a restarted server's first durable hits then read memory, not the
-        disk (kvpack/service/warm.py). No chunk is started after `seconds`. (chunks,
-        bytes) read; (0, 0) from another store, whose cache is its own."""
+        disk (kvpack/service/warm.py). Neither a chunk nor the catalog's next batch of
+        cuts is started after `seconds`. (chunks, bytes) read; (0, 0) from another store,
+        whose cache is its own."""
         preload = getattr(self.objects, "preload", None)
         if preload is None or budget <= 0:
             return 0, 0
         until = time.monotonic() + seconds
-        chunks = self.read(lambda s: queries.recent_chunks(session=s, budget=budget))
+        chunks = self.read(lambda s: queries.recent_chunks(session=s, budget=budget, until=until))
         keys = (ChunkStore.key(ChunkId.from_hex(chunk)) for chunk, _ in chunks)
         return preload(keys, until=until)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import event, update
@@ -175,13 +176,64 @@ def test_find_deepest_is_one_query_served_by_the_identity_chain_index(db_session
     finally:
         event.remove(conn, "before_cursor_execute", capture)
     assert len(seen) == 1
-    statement, parameters = seen[0]
+    assert "ix_manifests_identity_chain" in plan_of(conn, *seen[0])
+
+
+def plan_of(conn, statement, parameters) -> str:
+    """The database's plan for a captured statement (PostgreSQL: with sequential scans
+    disabled, as the tiny test tables would prefer them)."""
     if conn.dialect.name == "sqlite":
         plan = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters).all()
     else:
         conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
         plan = conn.exec_driver_sql(f"EXPLAIN {statement}", parameters).all()
-    assert "ix_manifests_identity_chain" in " ".join(str(r) for r in plan)
+    return " ".join(str(r) for r in plan)
+
+
+def test_recent_cuts_and_each_batch_of_recent_chunks_walk_the_last_use_index(db_session):
+    """A restart's warm start reads the most recent cuts in ix_manifests_last_use's order
+    instead of sorting every manifest: recent_cuts, and recent_chunks' first batch and
+    the batches that go on from where one ended."""
+    t0 = datetime(2030, 1, 1, tzinfo=UTC)
+    h = tokens(16, 600)
+    for i, depth in enumerate((256, 512)):
+        add_cut(db_session, ident=ALICE, history=h, depth=depth,
+                at=t0 + timedelta(seconds=i), chunks=[(f"{depth:064x}", 1)])  # fmt: skip
+    conn = db_session.connection()
+    seen = []
+
+    def capture(_conn, _cursor, statement, parameters, _context, _many):
+        if "FROM manifests" in statement and "ORDER BY coalesce" in statement:
+            seen.append((statement, parameters))
+
+    event.listen(conn, "before_cursor_execute", capture)
+    try:
+        assert len(queries.recent_cuts(session=db_session, limit=5)) == 2
+        assert len(queries.recent_chunks(session=db_session, budget=10, batch=1)) == 2
+    finally:
+        event.remove(conn, "before_cursor_execute", capture)
+    assert len(seen) == 4  # recent_cuts; three batches, the last one empty
+    for statement, parameters in seen:
+        plan = plan_of(conn, statement, parameters)
+        assert "ix_manifests_last_use" in plan and "TEMP B-TREE" not in plan, plan
+        assert "Sort" not in plan, plan
+
+
+def test_recent_chunks_go_on_from_where_each_batch_ended(db_session):
+    """Cuts that tie on their last use (published at one instant), read two at a time:
+    every cut's chunk once, the cuts by id from the highest, none skipped or repeated."""
+    t0 = datetime(2030, 1, 1, tzinfo=UTC)
+    h = tokens(17, 2600)
+    chunk_of = {}
+    for depth in range(256, 2561, 256):
+        chunk = (f"{depth:064x}", 1)
+        chunk_of[add_cut(db_session, ident=ALICE, history=h, depth=depth, at=t0,
+                         chunks=[chunk]).hex] = chunk  # fmt: skip
+    got = queries.recent_chunks(session=db_session, budget=100, batch=2)
+    assert got == [chunk_of[cut] for cut in sorted(chunk_of, reverse=True)]
+    # A warm start's time ran out: no batch is started after it.
+    past = time.monotonic()
+    assert queries.recent_chunks(session=db_session, budget=100, batch=2, until=past) == []
 
 
 def test_recent_chunks_take_the_most_recently_used_cuts_first_within_the_budget(db_session):

@@ -19,7 +19,7 @@ from sqlalchemy import exists, func, select
 from sqlalchemy.orm import Session
 
 from catalog import quotas
-from catalog.models import LAST_USE, ChunkRow, IdentityRow, ManifestChunkRow, ManifestRow
+from catalog.models import LAST_USE_ORDER, ChunkRow, IdentityRow, ManifestChunkRow, ManifestRow
 
 
 @dataclass
@@ -56,9 +56,7 @@ def plan(*, session: Session, budget_bytes: int | None, cutoff: datetime) -> GcP
     order: list[tuple[str, str | None]] = [
         (r.id, r.namespace)
         for r in session.execute(
-            select(m.id, i.namespace)
-            .outerjoin(i, i.digest == m.identity)
-            .order_by(LAST_USE, m.created_at, m.id)
+            select(m.id, i.namespace).outerjoin(i, i.digest == m.identity).order_by(*LAST_USE_ORDER)
         )
     ]
     chunks_of: dict[str, list[str]] = defaultdict(list)

@@ -39,7 +39,7 @@ from sqlalchemy.orm import Session
 
 from catalog.chain import TokenChain
 from catalog.ids import ChainDigest, IdentityDigest, ManifestId
-from catalog.models import LAST_USE, ChunkRow, IdentityRow, ManifestChunkRow, ManifestRow
+from catalog.models import LAST_USE_ORDER, ChunkRow, IdentityRow, ManifestChunkRow, ManifestRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,7 +419,7 @@ def exclusive_bytes(*, session: Session, manifest_id: ManifestId) -> int:
 
 
 # Most recently used first: ix_manifests_last_use walked backwards.
-_NEWEST = (LAST_USE.desc(), ManifestRow.created_at.desc(), ManifestRow.id.desc())
+_NEWEST = tuple(column.desc() for column in LAST_USE_ORDER)
 
 
 def least_recently_hit(
@@ -433,7 +433,7 @@ def least_recently_hit(
         stmt = stmt.join(IdentityRow, IdentityRow.digest == m.identity).where(
             IdentityRow.namespace == namespace
         )
-    rows = session.execute(stmt.order_by(LAST_USE, m.created_at, m.id).limit(limit))
+    rows = session.execute(stmt.order_by(*LAST_USE_ORDER).limit(limit))
     return [(ManifestId.from_hex(r.id), r.object_key) for r in rows]
 
 
@@ -455,17 +455,16 @@ def recent_chunks(
     from the start), and none started after `until` (time.monotonic()): where the cuts
     share their chunks the budget may never fill, and every cut is read (28.8 s for a
     1M-manifest PostgreSQL catalog without chunk lists)."""
-    m, mc, c = ManifestRow, ManifestChunkRow, ChunkRow
-    key = tuple_(LAST_USE, m.created_at, m.id)
-    newest = select(m.id, LAST_USE, m.created_at).order_by(*_NEWEST).limit(batch)
+    mc, c = ManifestChunkRow, ChunkRow
+    key = tuple_(*LAST_USE_ORDER)
+    newest = select(*LAST_USE_ORDER).order_by(*_NEWEST).limit(batch)
     picked: dict[str, int] = {}
     total, after = 0, None
     while until is None or time.monotonic() < until:
         cuts = session.execute(newest if after is None else newest.where(key < after)).all()
         if not cuts:
             break
-        (last_id, used, created), ids = cuts[-1], [cut[0] for cut in cuts]
-        after = (used, created, last_id)
+        after, ids = tuple(cuts[-1]), [cut.id for cut in cuts]
         rows = session.execute(
             select(mc.manifest, mc.chunk, func.coalesce(c.stored_size, c.size))
             .join(c, c.id == mc.chunk)

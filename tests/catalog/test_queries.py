@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sqlalchemy import event, update
 
@@ -142,16 +145,8 @@ def test_find_deepest_brings_the_found_cuts_chunk_list_when_asked(db_session):
     listed = [("ff" * 32, 11), ("0b" * 32, 7), ("aa" * 32, 5)]
     add_cut(db_session, ident=ALICE, history=h, depth=512, chunks=listed)
     conn = db_session.connection()
-    seen = []
-
-    def capture(_conn, _cursor, statement, *_rest):
-        seen.append(statement)
-
-    event.listen(conn, "before_cursor_execute", capture)
-    try:
+    with statements(conn) as seen:
         cut = deepest(db_session, ALICE, h[:600], with_chunks=True)
-    finally:
-        event.remove(conn, "before_cursor_execute", capture)
     assert cut.depth == 512 and cut.chunks == tuple(listed)
     assert len(seen) == (1 if conn.dialect.name == "postgresql" else 2)
     assert deepest(db_session, ALICE, h[:600]).chunks is None
@@ -165,18 +160,25 @@ def test_find_deepest_is_one_query_served_by_the_identity_chain_index(db_session
     h = tokens(10, 600)
     add_cut(db_session, ident=ALICE, history=h, depth=512)
     conn = db_session.connection()
-    seen = []
+    with statements(conn) as seen:
+        assert deepest(db_session, ALICE, h).depth == 512
+    assert len(seen) == 1
+    assert "ix_manifests_identity_chain" in plan_of(conn, *seen[0])
+
+
+@contextmanager
+def statements(conn) -> Iterator[list[tuple[str, Any]]]:
+    """Every (statement, parameters) the connection executes meanwhile."""
+    seen: list[tuple[str, Any]] = []
 
     def capture(_conn, _cursor, statement, parameters, _context, _many):
         seen.append((statement, parameters))
 
     event.listen(conn, "before_cursor_execute", capture)
     try:
-        assert deepest(db_session, ALICE, h).depth == 512
+        yield seen
     finally:
         event.remove(conn, "before_cursor_execute", capture)
-    assert len(seen) == 1
-    assert "ix_manifests_identity_chain" in plan_of(conn, *seen[0])
 
 
 def plan_of(conn, statement, parameters) -> str:
@@ -200,20 +202,12 @@ def test_recent_cuts_and_each_batch_of_recent_chunks_walk_the_last_use_index(db_
         add_cut(db_session, ident=ALICE, history=h, depth=depth,
                 at=t0 + timedelta(seconds=i), chunks=[(f"{depth:064x}", 1)])  # fmt: skip
     conn = db_session.connection()
-    seen = []
-
-    def capture(_conn, _cursor, statement, parameters, _context, _many):
-        if "FROM manifests" in statement and "ORDER BY coalesce" in statement:
-            seen.append((statement, parameters))
-
-    event.listen(conn, "before_cursor_execute", capture)
-    try:
+    with statements(conn) as seen:
         assert len(queries.recent_cuts(session=db_session, limit=5)) == 2
         assert len(queries.recent_chunks(session=db_session, budget=10, batch=1)) == 2
-    finally:
-        event.remove(conn, "before_cursor_execute", capture)
-    assert len(seen) == 4  # recent_cuts; three batches, the last one empty
-    for statement, parameters in seen:
+    ordered = [(s, p) for s, p in seen if "FROM manifests" in s and "ORDER BY coalesce" in s]
+    assert len(ordered) == 4  # recent_cuts; three batches, the last one empty
+    for statement, parameters in ordered:
         plan = plan_of(conn, statement, parameters)
         assert "ix_manifests_last_use" in plan and "TEMP B-TREE" not in plan, plan
         assert "Sort" not in plan, plan

@@ -138,7 +138,7 @@ LAST_USE = func.coalesce(ManifestRow.last_hit_at, ManifestRow.created_at)
 # Ties broken by publication, then id: the order the index holds, which a query must
 # order by (either way round) for the index to serve it.
 LAST_USE_ORDER = (LAST_USE, ManifestRow.created_at, ManifestRow.id)
-Index("ix_manifests_last_use", *LAST_USE_ORDER)
+LAST_USE_INDEX = Index("ix_manifests_last_use", *LAST_USE_ORDER)
 
 
 class ManifestChunkRow(Base):

@@ -10,11 +10,10 @@ from alembic import context
 from sqlalchemy import Connection
 
 from catalog.db import make_engine, normalize_database_url
-from catalog.models import UTCDateTime
+from catalog.models import LAST_USE_INDEX, UTCDateTime
 from catalog.models import metadata as target_metadata
 
 config = context.config
-EXPRESSION_INDEX = "ix_manifests_last_use"
 if config.config_file_name is not None and config.attributes.get("configure_logging", True):
     fileConfig(config.config_file_name, disable_existing_loggers=False)
 
@@ -53,7 +52,7 @@ def configure(connection: Connection) -> None:
         if connection.dialect.name == "sqlite":
             # SQLite's reflection cannot read an expression index back, so neither
             # SQLAlchemy nor autogenerate can compare it (PostgreSQL's can, and does).
-            unreadable = f".*expression-based index '?{EXPRESSION_INDEX}"
+            unreadable = f".*expression-based index '?{LAST_USE_INDEX.name}"
             warnings.filterwarnings("ignore", message=unreadable)
         context.run_migrations()
 
